@@ -1,0 +1,65 @@
+"""The drafter interface: what every draft model (n-gram, oracle, DSpark, baselines) implements."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from dspark.models.target import TargetModel
+
+
+@dataclass
+class DraftRequest:
+    """What a drafter sees of one running request at a step."""
+
+    request_id: str
+    token_ids: list[int]  # prompt + output so far; the last one is not yet verified-into the cache
+    temperature: float
+
+
+@dataclass
+class DraftOutput:
+    """One draft round for a batch of requests (index r matches the DraftRequest list)."""
+
+    tokens: list[list[int]]  # k_r ≤ max_num_tokens draft tokens per request
+    probs: list[torch.Tensor] | None = None  # per request (k_r, V): the distributions sampled from; None = deterministic
+    confidences: list[list[float]] | None = None  # per request c_{r,1..k_r}: P(accept k | 1..k-1 accepted)
+
+    def __post_init__(self) -> None:
+        if self.probs is not None and len(self.probs) != len(self.tokens):
+            raise ValueError("probs must have one entry per request")
+        if self.confidences is not None and len(self.confidences) != len(self.tokens):
+            raise ValueError("confidences must have one entry per request")
+
+
+class Drafter(Protocol):
+    name: str
+
+    def propose(self, requests: list[DraftRequest], max_num_tokens: int) -> DraftOutput:
+        """Draft up to max_num_tokens tokens following each request's token_ids."""
+        ...
+
+    def release(self, request_id: str) -> None:
+        """Forget per-request state once a request leaves the engine."""
+        ...
+
+
+DRAFTER_NAMES = ("none", "ngram", "oracle")
+
+
+def make_drafter(name: str, target: TargetModel, **kwargs: object) -> Drafter | None:
+    """Build a drafter by name; "none" means target-only decoding (returns None)."""
+    if name == "none":
+        return None
+    if name == "ngram":
+        from dspark.models.ngram import NgramDrafter
+
+        return NgramDrafter(**kwargs)  # type: ignore[arg-type]
+    if name == "oracle":
+        from dspark.models.oracle import OracleDrafter
+
+        return OracleDrafter(target, **kwargs)  # type: ignore[arg-type]
+    raise ValueError(f"unknown drafter {name!r}; expected one of {', '.join(DRAFTER_NAMES)}")

@@ -1,0 +1,56 @@
+"""Slot-based KV cache: one preallocated slot per running request, rollback by length."""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCachePool:
+    """K/V tensors of shape (max_num_seqs, num_kv_heads, max_model_len, head_dim) per layer.
+
+    Active requests occupy slots 0..num_active-1 (kept compact, so attention reads a view of the
+    first rows, never a gather). Rolling back rejected draft tokens is just not advancing the
+    length: their entries are overwritten by the next step's writes and masked out until then.
+    """
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_num_seqs: int,
+                 max_model_len: int, dtype: torch.dtype, device: torch.device) -> None:
+        shape = (max_num_seqs, num_kv_heads, max_model_len, head_dim)
+        # zeros, not empty: masked keys still enter P@V, and 0 * NaN garbage would poison valid rows
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.lengths = [0] * max_num_seqs  # valid cached tokens per slot
+        self.num_active = 0
+
+    def allocate(self) -> int:
+        if self.num_active >= self.max_num_seqs:
+            raise RuntimeError("KV cache pool is full")
+        slot = self.num_active
+        self.num_active += 1
+        self.lengths[slot] = 0
+        return slot
+
+    def free(self, slot: int) -> int | None:
+        """Release a slot; the last active slot moves into it. Returns the moved slot's old index."""
+        last = self.num_active - 1
+        self.num_active -= 1
+        if slot == last:
+            return None
+        n = self.lengths[last]
+        for k, v in zip(self.k, self.v):
+            k[slot, :, :n].copy_(k[last, :, :n])
+            v[slot, :, :n].copy_(v[last, :, :n])
+        self.lengths[slot] = n
+        return last
+
+    def write(self, layer: int, slot_idx: torch.Tensor, pos_idx: torch.Tensor,
+              k: torch.Tensor, v: torch.Tensor) -> None:
+        # k, v: (T, num_kv_heads, head_dim) for flattened tokens at (slot, position)
+        self.k[layer][slot_idx, :, pos_idx] = k
+        self.v[layer][slot_idx, :, pos_idx] = v
+
+    def view(self, layer: int, num_seqs: int, num_keys: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # (num_seqs, num_kv_heads, num_keys, head_dim) views of the first slots
+        return self.k[layer][:num_seqs, :, :num_keys], self.v[layer][:num_seqs, :, :num_keys]

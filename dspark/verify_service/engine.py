@@ -1,0 +1,237 @@
+"""The speculative-decoding engine: continuous batching over one target runner and one drafter.
+
+A step reads as four phases: draft (the drafter proposes up to γ tokens per request), schedule (the
+prefix scheduler picks ℓ_r per request from survival estimates and the SPS table), verify (ONE
+flattened target forward over all requests' 1 + ℓ_r tokens, then lossless acceptance), commit (append
+accepted tokens, roll back the cache by length, apply stop conditions, release finished requests).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from dspark.models.drafter import Drafter, DraftOutput, DraftRequest, make_drafter
+from dspark.models.runner import SeqChunk, TargetRunner
+from dspark.models.target import DEFAULT_TARGET, TargetModel, load_target
+from dspark.spec.schedulers import make_scheduler
+from dspark.spec.sps import SPSTable
+from dspark.spec.survival import AcceptanceTracker, prefix_survival
+from dspark.verify_service.batch import build_verify_input
+from dspark.verify_service.request import (FinishReason, Request, RequestOutput, SamplingParams,
+                                           StepStats)
+from dspark.verify_service.stopping import append_with_stops
+from dspark.spec.verification import verify
+
+log = logging.getLogger(__name__)
+
+PROFILES_DIR = Path(__file__).resolve().parents[2] / "configs" / "profiles"
+
+
+@dataclass
+class EngineConfig:
+    target: str = DEFAULT_TARGET
+    device: str = "cpu"
+    dtype: str | None = None  # None: fp32 on CPU, bf16 on GPU
+    drafter: str = "ngram"
+    drafter_kwargs: dict = field(default_factory=dict)
+    scheduler: str = "fixed"
+    scheduler_kwargs: dict = field(default_factory=dict)
+    num_draft_tokens: int = 7  # γ: the most a drafter proposes per request and step
+    sps_profile: str | None = None  # JSON from `dspark profile`; None: configs/profiles/<device>.json
+    max_num_seqs: int = 16
+    max_model_len: int = 2048
+    num_threads: int | None = None
+
+
+def default_profile_path(device: str) -> Path:
+    return PROFILES_DIR / f"{'cuda' if device.startswith('cuda') else 'cpu'}.json"
+
+
+def load_sps(config: EngineConfig) -> SPSTable:
+    path = Path(config.sps_profile) if config.sps_profile else default_profile_path(config.device)
+    if not path.exists():
+        raise FileNotFoundError(f"SPS profile {path} not found: run `dspark profile --out {path}`")
+    return SPSTable.from_file(path)
+
+
+class Engine:
+    """Serves many requests at once; output follows the target's distribution exactly."""
+
+    def __init__(self, config: EngineConfig, target: TargetModel | None = None,
+                 drafter: Drafter | None = None) -> None:
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.config = config
+        self.target = target or load_target(config.target, config.device, config.dtype)
+        self.tokenizer = self.target.tokenizer
+        self.eos_ids = self.target.eos_token_ids
+        self.runner = TargetRunner(self.target.model, config.max_num_seqs, config.max_model_len)
+        self.drafter = drafter if drafter is not None else make_drafter(
+            config.drafter, self.target, **config.drafter_kwargs)
+        self.scheduler = make_scheduler(config.scheduler, **config.scheduler_kwargs)
+        self.sps = load_sps(config) if config.scheduler != "fixed" else None
+        self.tracker = AcceptanceTracker(config.num_draft_tokens)
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []  # index i holds the request in cache slot i
+        self.stats: list[StepStats] = []
+        self._ids = itertools.count()
+
+    # ---- request lifecycle -------------------------------------------------------------------
+    def add_request(self, prompt_ids: list[int], params: SamplingParams,
+                    request_id: str | None = None) -> str:
+        if not prompt_ids:
+            raise ValueError("prompt is empty")
+        need = len(prompt_ids) + params.max_tokens + self.config.num_draft_tokens + 1
+        if need > self.config.max_model_len:
+            raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) "
+                             f"exceeds max_model_len={self.config.max_model_len}")
+        vocab = self.runner.vocab_size
+        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        rid = request_id or f"req-{next(self._ids)}"
+        seed = params.seed if params.seed is not None else random.randrange(2**63)
+        gen = None
+        if not params.is_greedy:
+            gen = torch.Generator(device=self.runner.device).manual_seed(seed)
+        self.waiting.append(Request(rid, list(prompt_ids), params, gen))
+        return rid
+
+    def abort(self, request_id: str) -> None:
+        for req in self.waiting + self.running:
+            if req.request_id == request_id and not req.is_finished:
+                req.finish_reason = FinishReason.ABORT
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- the step ------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Admit waiting requests (prefill), then one draft-schedule-verify-commit round."""
+        outputs = self._reap_aborted()
+        outputs += self._admit()
+        active = [r for r in self.running if not r.is_finished]
+        if active:
+            t0 = time.perf_counter()
+            draft = self._draft(active)
+            t1 = time.perf_counter()
+            lengths = self._schedule(active, draft)
+            t2 = time.perf_counter()
+            accepted, next_tokens = self._verify(active, draft, lengths)
+            t3 = time.perf_counter()
+            outputs += self._commit(active, draft, lengths, accepted, next_tokens)
+            self.stats.append(StepStats(len(active), sum(lengths) + len(active), lengths, accepted,
+                                        (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3))
+        self._release_finished()
+        return outputs
+
+    def _admit(self) -> list[RequestOutput]:
+        free = self.config.max_num_seqs - len(self.running)
+        new, self.waiting = self.waiting[:free], self.waiting[free:]
+        if not new:
+            return []
+        for req in new:
+            req.slot = self.runner.cache.allocate()
+            self.running.append(req)
+        out = self.runner.forward([SeqChunk(r.slot, 0, r.prompt_ids, 1) for r in new])
+        first = verify(build_verify_input(out.logits, new, [[] for _ in new], None, [0] * len(new)))
+        outputs = []
+        now = time.perf_counter()
+        for req, tok in zip(new, first.next_token):
+            req.num_cached = len(req.prompt_ids)
+            req.first_token_s = now
+            outputs.append(self._emit(req, [tok]))
+        return outputs
+
+    def _draft(self, active: list[Request]) -> DraftOutput:
+        gamma = self.config.num_draft_tokens
+        if self.drafter is None or gamma == 0:
+            return DraftOutput(tokens=[[] for _ in active])
+        reqs = [DraftRequest(r.request_id, r.token_ids, r.params.temperature) for r in active]
+        return self.drafter.propose(reqs, gamma)
+
+    def _schedule(self, active: list[Request], draft: DraftOutput) -> list[int]:
+        proposed = [len(t) for t in draft.tokens]
+        if draft.confidences is not None:
+            conf = torch.zeros(len(active), max(proposed, default=0) or 1)
+            for r, c in enumerate(draft.confidences):
+                conf[r, :len(c)] = torch.tensor(c)
+            survival = [row[:k] for row, k in
+                        zip(prefix_survival(conf, torch.tensor(proposed)).tolist(), proposed)]
+        else:
+            survival = self.tracker.survival(proposed)
+        lengths = self.scheduler.schedule(survival, self.sps)  # type: ignore[arg-type]
+        # never verify past max_tokens: caps depend on request state only, not on draft tokens
+        return [max(0, min(n, r.num_remaining - 1)) for n, r in zip(lengths, active)]
+
+    def _verify(self, active: list[Request], draft: DraftOutput,
+                lengths: list[int]) -> tuple[list[int], list[int]]:
+        chunks = [SeqChunk(r.slot, r.num_cached, [r.token_ids[-1]] + d[:n], n + 1)
+                  for r, d, n in zip(active, draft.tokens, lengths)]
+        out = self.runner.forward(chunks)
+        result = verify(build_verify_input(out.logits, active, draft.tokens, draft.probs, lengths))
+        return result.num_accepted, result.next_token
+
+    def _commit(self, active: list[Request], draft: DraftOutput, lengths: list[int],
+                accepted: list[int], next_tokens: list[int]) -> list[RequestOutput]:
+        self.tracker.update(lengths, accepted)
+        outputs = []
+        for req, d, n_ver, n_acc, tok in zip(active, draft.tokens, lengths, accepted, next_tokens):
+            req.num_steps += 1
+            req.num_drafted += len(d)
+            req.num_verified += n_ver
+            req.num_accepted += n_acc
+            req.num_cached += 1 + n_acc  # rejected positions are rolled back by not counting them
+            outputs.append(self._emit(req, d[:n_acc] + [tok]))
+        return outputs
+
+    def _emit(self, req: Request, tokens: list[int]) -> RequestOutput:
+        kept = append_with_stops(req, tokens, self.eos_ids, self.tokenizer)
+        if req.is_finished:
+            req.finish_s = time.perf_counter()
+        return RequestOutput(req.request_id, kept, req.output_ids, req.is_finished,
+                             req.finish_reason, len(req.prompt_ids))
+
+    def _reap_aborted(self) -> list[RequestOutput]:
+        outputs = []
+        for req in [r for r in self.waiting if r.is_finished]:
+            self.waiting.remove(req)
+            outputs.append(RequestOutput(req.request_id, [], req.output_ids, True, req.finish_reason,
+                                         len(req.prompt_ids)))
+        outputs += [RequestOutput(r.request_id, [], r.output_ids, True, r.finish_reason,
+                                  len(r.prompt_ids)) for r in self.running if r.is_finished
+                    and r.finish_reason == FinishReason.ABORT]
+        self._release_finished()
+        return outputs
+
+    def _release_finished(self) -> None:
+        for req in [r for r in self.running if r.is_finished]:
+            moved = self.runner.cache.free(req.slot)
+            last = self.running.pop()
+            if moved is not None:
+                last.slot = req.slot
+                self.running[req.slot] = last
+            if self.drafter is not None:
+                self.drafter.release(req.request_id)
+
+    # ---- convenience ---------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
+                 ) -> list[Request]:
+        """Run prompts to completion (all admitted together, as capacity allows)."""
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        done: dict[str, Request] = {}
+        by_id = {}
+        while self.has_unfinished():
+            for r in self.waiting + self.running:
+                by_id[r.request_id] = r
+            for out in self.step():
+                if out.is_finished:
+                    done[out.request_id] = by_id[out.request_id]
+        return [done[i] for i in ids]

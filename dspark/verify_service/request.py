@@ -1,0 +1,94 @@
+"""Per-request state inside the engine, and what the engine reports back for it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0
+
+
+class FinishReason(str, Enum):
+    LENGTH = "length"
+    STOP = "stop"
+    ABORT = "abort"
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    generator: torch.Generator | None
+    output_ids: list[int] = field(default_factory=list)
+    slot: int = -1
+    num_cached: int = 0  # tokens of prompt+output whose K/V are in the cache (all but the last)
+    finish_reason: FinishReason | None = None
+    stop_text_len: int | None = None  # text is cut here when a stop string matched
+    num_steps: int = 0
+    num_drafted: int = 0
+    num_verified: int = 0
+    num_accepted: int = 0
+    arrival_s: float = field(default_factory=time.perf_counter)
+    first_token_s: float | None = None
+    finish_s: float | None = None
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def num_remaining(self) -> int:
+        return self.params.max_tokens - len(self.output_ids)
+
+
+@dataclass
+class RequestOutput:
+    """Progress of one request after a step: the tokens it gained, and whether it is done."""
+
+    request_id: str
+    new_token_ids: list[int]
+    output_ids: list[int]
+    is_finished: bool
+    finish_reason: FinishReason | None
+    num_prompt_tokens: int
+
+
+@dataclass
+class StepStats:
+    """One engine step, for benchmarks and the `--json` output of `dspark generate`."""
+
+    num_requests: int
+    num_tokens: int  # B: tokens through the target this step
+    lengths: list[int]  # ℓ_r scheduled per request
+    num_accepted: list[int]
+    draft_ms: float
+    schedule_ms: float
+    verify_ms: float

@@ -1,0 +1,75 @@
+"""SPSTable: interpolation, extrapolation, JSON round trip, validation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dspark.spec.sps import SPSTable
+
+
+def test_step_time_interpolates_linearly_between_measured_points() -> None:
+    table = SPSTable(tokens_per_step=[1, 4, 8], step_time_ms=[10.0, 16.0, 20.0])
+    assert table.step_time_ms_at(4) == 16.0
+    assert table.step_time_ms_at(2) == pytest.approx(12.0)
+    assert table.step_time_ms_at(6) == pytest.approx(18.0)
+    assert table.sps(6) == pytest.approx(1000.0 / 18.0)
+
+
+def test_below_the_first_point_uses_the_first_point() -> None:
+    table = SPSTable(tokens_per_step=[4, 8], step_time_ms=[10.0, 20.0])
+    assert table.step_time_ms_at(1) == 10.0
+
+
+def test_above_the_last_point_extrapolates_the_last_segment() -> None:
+    table = SPSTable(tokens_per_step=[1, 4, 8], step_time_ms=[10.0, 16.0, 20.0])
+    assert table.step_time_ms_at(12) == pytest.approx(24.0)
+
+
+def test_extrapolation_never_drops_below_the_last_step_time() -> None:
+    table = SPSTable(tokens_per_step=[1, 8], step_time_ms=[20.0, 10.0])
+    assert table.step_time_ms_at(100) == 10.0
+    single = SPSTable(tokens_per_step=[1], step_time_ms=[7.0])
+    assert single.step_time_ms_at(50) == 7.0
+
+
+def test_from_sps_converts_steps_per_second() -> None:
+    table = SPSTable.from_sps({2: 0.5, 1: 1.0, 3: 0.45})
+    assert table.tokens_per_step == [1, 2, 3]
+    assert [table.sps(n) for n in (1, 2, 3)] == pytest.approx([1.0, 0.5, 0.45])
+
+
+def test_file_round_trip(tmp_path: Path) -> None:
+    table = SPSTable([1, 16, 64], [5.0, 6.5, 12.0], meta={"device": "cpu", "dtype": "float32"})
+    path = tmp_path / "sps.json"
+    table.save(path)
+    assert json.loads(path.read_text()) == {
+        "tokens_per_step": [1, 16, 64],
+        "step_time_ms": [5.0, 6.5, 12.0],
+        "meta": {"device": "cpu", "dtype": "float32"},
+    }
+    assert SPSTable.from_file(path) == table
+    assert SPSTable.from_dict(table.to_dict()) == table
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"tokens_per_step": [1, 2], "step_time_ms": [1.0]}, "entries"),
+        ({"tokens_per_step": [1, 1], "step_time_ms": [1.0, 2.0]}, "ascending"),
+        ({"tokens_per_step": [0, 1], "step_time_ms": [1.0, 2.0]}, ">= 1"),
+        ({"tokens_per_step": [1, 2], "step_time_ms": [1.0, 0.0]}, "positive"),
+        ({"tokens_per_step": [], "step_time_ms": []}, "at least one"),
+        ({"tokens_per_step": [1]}, "missing"),
+    ],
+)
+def test_invalid_profiles_raise_clear_errors(data: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SPSTable.from_dict(data)
+
+
+def test_from_sps_rejects_non_positive_values() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        SPSTable.from_sps({1: 1.0, 2: 0.0})

@@ -1,0 +1,40 @@
+"""A tiny random Llama causal LM with a small word-level tokenizer, built from a config (no hub)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+WORDS = ("the a an of to in is was and or but if then else for while def return print import from "
+         "one two three four five six seven eight nine ten cat dog sun moon tree water fire code list "
+         "add sum number value true false yes no hello world question answer math chat").split()
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }} <|im_end|> "
+                 "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant {% endif %}")
+
+
+def make_tiny_target_dir(out: Path, vocab_extra: int = 0, seed: int = 0) -> Path:
+    specials = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    vocab = {w: i for i, w in enumerate(specials + list(WORDS))}
+    vocab.update({f"w{i}": len(vocab) for i in range(vocab_extra)})
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    from tokenizers import decoders
+
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<|im_end|>",
+                                   bos_token="<|im_start|>", pad_token="<|endoftext|>")
+    fast.chat_template = CHAT_TEMPLATE
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                      tie_word_embeddings=True, eos_token_id=vocab["<|im_end|>"],
+                      bos_token_id=vocab["<|im_start|>"], pad_token_id=vocab["<|endoftext|>"])
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():  # sharper logits than the default init, so outputs have structure
+        model.lm_head.weight.mul_(8.0)
+    model.save_pretrained(out, safe_serialization=True)
+    fast.save_pretrained(out)
+    return out
