@@ -36,6 +36,10 @@ class OracleDrafter:
             self._continuations[key] = out[0].tolist()
         return self._continuations[key]
 
+    def set_continuation(self, prompt_ids: list[int], full_ids: list[int]) -> None:
+        """Register the target's greedy sequence (prompt + continuation) computed elsewhere."""
+        self._continuations[tuple(prompt_ids)] = list(full_ids)
+
     def propose(self, requests: list[DraftRequest], max_num_tokens: int) -> DraftOutput:
         tokens = []
         for r in requests:

@@ -23,11 +23,10 @@ from dspark.models.target import DEFAULT_TARGET, TargetModel, load_target
 from dspark.spec.schedulers import make_scheduler
 from dspark.spec.sps import SPSTable
 from dspark.spec.survival import AcceptanceTracker, prefix_survival
-from dspark.verify_service.batch import build_verify_input
-from dspark.verify_service.request import (FinishReason, Request, RequestOutput, SamplingParams,
-                                           StepStats)
-from dspark.verify_service.stopping import append_with_stops
 from dspark.spec.verification import verify
+from dspark.verify_service.batch import build_verify_input
+from dspark.verify_service.request import FinishReason, Request, RequestOutput, SamplingParams, StepStats
+from dspark.verify_service.stopping import append_with_stops
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +76,7 @@ class Engine:
             config.drafter, self.target, **config.drafter_kwargs)
         self.scheduler = make_scheduler(config.scheduler, **config.scheduler_kwargs)
         self.sps = load_sps(config) if config.scheduler != "fixed" else None
-        self.tracker = AcceptanceTracker(config.num_draft_tokens)
+        self.tracker = AcceptanceTracker(max(1, config.num_draft_tokens))
         self.waiting: list[Request] = []
         self.running: list[Request] = []  # index i holds the request in cache slot i
         self.stats: list[StepStats] = []
@@ -86,6 +85,17 @@ class Engine:
     # ---- request lifecycle -------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams,
                     request_id: str | None = None) -> str:
+        self.validate(prompt_ids, params)
+        rid = request_id or f"req-{next(self._ids)}"
+        seed = params.seed if params.seed is not None else random.randrange(2**63)
+        gen = None
+        if not params.is_greedy:
+            gen = torch.Generator(device=self.runner.device).manual_seed(seed)
+        self.waiting.append(Request(rid, list(prompt_ids), params, gen))
+        return rid
+
+    def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Raise ValueError (a client error) if this request can never be served."""
         if not prompt_ids:
             raise ValueError("prompt is empty")
         need = len(prompt_ids) + params.max_tokens + self.config.num_draft_tokens + 1
@@ -95,13 +105,6 @@ class Engine:
         vocab = self.runner.vocab_size
         if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        rid = request_id or f"req-{next(self._ids)}"
-        seed = params.seed if params.seed is not None else random.randrange(2**63)
-        gen = None
-        if not params.is_greedy:
-            gen = torch.Generator(device=self.runner.device).manual_seed(seed)
-        self.waiting.append(Request(rid, list(prompt_ids), params, gen))
-        return rid
 
     def abort(self, request_id: str) -> None:
         for req in self.waiting + self.running:
@@ -145,6 +148,7 @@ class Engine:
         now = time.perf_counter()
         for req, tok in zip(new, first.next_token):
             req.num_cached = len(req.prompt_ids)
+            self.runner.cache.lengths[req.slot] = req.num_cached
             req.first_token_s = now
             outputs.append(self._emit(req, [tok]))
         return outputs
@@ -188,6 +192,7 @@ class Engine:
             req.num_verified += n_ver
             req.num_accepted += n_acc
             req.num_cached += 1 + n_acc  # rejected positions are rolled back by not counting them
+            self.runner.cache.lengths[req.slot] = req.num_cached
             outputs.append(self._emit(req, d[:n_acc] + [tok]))
         return outputs
 
@@ -195,7 +200,7 @@ class Engine:
         kept = append_with_stops(req, tokens, self.eos_ids, self.tokenizer)
         if req.is_finished:
             req.finish_s = time.perf_counter()
-        return RequestOutput(req.request_id, kept, req.output_ids, req.is_finished,
+        return RequestOutput(req.request_id, kept, list(req.output_ids), req.is_finished,
                              req.finish_reason, len(req.prompt_ids))
 
     def _reap_aborted(self) -> list[RequestOutput]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 import torch
 
@@ -25,13 +25,15 @@ class SamplingParams:
             raise ValueError("temperature must be >= 0")
         if not 0 < self.top_p <= 1:
             raise ValueError("top_p must be in (0, 1]")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            raise ValueError("seed must be in [0, 2**63)")
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0
 
 
-class FinishReason(str, Enum):
+class FinishReason(StrEnum):
     LENGTH = "length"
     STOP = "stop"
     ABORT = "abort"

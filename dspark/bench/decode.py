@@ -1,0 +1,131 @@
+"""`dspark bench decode`: HF generate vs our target-only engine vs speculative decoding, side by side.
+
+Greedy (T=0), fixed prompts from the shared eval sets, fixed output length (EOS ignored so every
+arm decodes the same number of tokens), a warm-up per arm. Figures are ratios from one run.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import time
+from dataclasses import dataclass
+
+import torch
+from tqdm import tqdm
+
+from dspark.bench.prompts import mixed_prompts
+from dspark.models.drafter import make_drafter
+from dspark.models.oracle import OracleDrafter
+from dspark.models.target import TargetModel
+from dspark.verify_service.engine import Engine, EngineConfig
+from dspark.verify_service.request import SamplingParams
+
+
+@dataclass
+class ArmResult:
+    tok_s: float
+    tau: float  # tokens emitted per verification round (accepted + 1)
+    mean_verify_len: float
+    outputs: list[list[int]]
+
+
+def hf_generate_tok_s(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int,
+                      eos_id: int) -> tuple[float, list[list[int]]]:
+    """Batch-1 end-to-end tokens/s of transformers' generate (greedy, EOS ignored)."""
+    dev = next(model.parameters()).device
+    total_tokens, total_s, outs = 0, 0.0, []
+    for p in tqdm(prompts, desc="hf generate", leave=False):
+        ids = torch.tensor([p], device=dev)
+        t0 = time.perf_counter()
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, pad_token_id=eos_id)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        total_s += time.perf_counter() - t0
+        outs.append(out[0, len(p):].tolist())
+        total_tokens += len(outs[-1])
+    return total_tokens / total_s, outs
+
+
+def run_engine(engine: Engine, prompts: list[list[int]], batch_size: int, max_new_tokens: int) -> ArmResult:
+    """Decode all prompts, batch_size at a time (all admitted together), end to end incl. prefill."""
+    params = SamplingParams(max_tokens=max_new_tokens, ignore_eos=True)
+    engine.generate([prompts[0][:8]], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
+    engine.stats.clear()
+    outs: list[list[int]] = []
+    t0 = time.perf_counter()
+    for i in tqdm(range(0, len(prompts), batch_size), desc=f"engine b={batch_size}", leave=False):
+        outs += [r.output_ids for r in engine.generate(prompts[i:i + batch_size], params)]
+    if engine.runner.device.type == "cuda":
+        torch.cuda.synchronize()
+    wall_s = time.perf_counter() - t0
+    rounds = sum(s.num_requests for s in engine.stats)
+    emitted = sum(sum(s.num_accepted) + s.num_requests for s in engine.stats)
+    verified = sum(sum(s.lengths) for s in engine.stats)
+    return ArmResult(tok_s=sum(map(len, outs)) / wall_s, tau=emitted / max(rounds, 1),
+                     mean_verify_len=verified / max(rounds, 1), outputs=outs)
+
+
+def bench_decode(target: TargetModel, drafters: list[str], batch_sizes: list[int], num_prompts: int,
+                 max_new_tokens: int, scheduler: str, num_draft_tokens: int, sps_profile: str | None,
+                 hf_dtypes: list[str]) -> dict:
+    torch.manual_seed(0)
+    max_bs = max(batch_sizes)
+    n = max(num_prompts, max_bs)
+    picked = mixed_prompts(target.tokenizer, n)
+    prompts = [p for _, p in picked]
+    eos = target.eos_token_ids[0] if target.eos_token_ids else 0
+    result: dict = {"model": target.name, "device": str(target.device), "dtype": str(target.dtype),
+                    "num_threads": torch.get_num_threads(), "max_new_tokens": max_new_tokens,
+                    "num_prompts_batch1": num_prompts, "datasets": [d for d, _ in picked],
+                    "scheduler": scheduler, "num_draft_tokens": num_draft_tokens}
+    # HF reference, batch 1, in each dtype
+    hf: dict[str, float] = {}
+    for dt in hf_dtypes:
+        model = target.model if dt == "fp32" and target.dtype == torch.float32 else \
+            copy.deepcopy(target.model).to({"fp32": torch.float32, "bf16": torch.bfloat16}[dt])
+        hf_generate_tok_s(model, [prompts[0][:8]], 4, eos)  # warm-up
+        hf[dt], _ = hf_generate_tok_s(model, prompts[:num_prompts], max_new_tokens, eos)
+        if model is not target.model:
+            del model
+            gc.collect()
+    result["hf_generate_tok_s"] = hf
+    best_hf = max(hf.values()) if hf else None
+    max_len = max(map(len, prompts)) + max_new_tokens + num_draft_tokens + 2
+    for bs in batch_sizes:
+        arm_prompts = prompts[:num_prompts] if bs == 1 else prompts[:bs]
+        cfg = EngineConfig(target=target.name, drafter="none", scheduler="fixed", num_draft_tokens=0,
+                           max_num_seqs=bs, max_model_len=max_len)
+        base = run_engine(Engine(cfg, target=target, drafter=None), arm_prompts, bs, max_new_tokens)
+        block: dict = {"target_only_tok_s": base.tok_s, "drafters": {}}
+        if bs == 1 and "fp32" in hf:
+            block["target_only_vs_hf_same_dtype"] = base.tok_s / hf.get(_dtype_key(target.dtype), hf["fp32"])
+        for name in drafters:
+            drafter = make_drafter(name, target)
+            if isinstance(drafter, OracleDrafter):  # the target's own greedy continuation, not timed
+                for p, o in zip(arm_prompts, base.outputs):
+                    drafter.set_continuation(p, p + o)
+            sched = "fixed" if name == "oracle" else scheduler
+            cfg = EngineConfig(target=target.name, drafter=name, scheduler=sched,
+                               num_draft_tokens=num_draft_tokens, sps_profile=sps_profile,
+                               max_num_seqs=bs, max_model_len=max_len,
+                               scheduler_kwargs={"k": num_draft_tokens} if sched == "fixed" else {})
+            arm = run_engine(Engine(cfg, target=target, drafter=drafter), arm_prompts, bs, max_new_tokens)
+            block["drafters"][name] = {
+                "spec_tok_s": arm.tok_s, "tau": arm.tau, "mean_verify_len": arm.mean_verify_len,
+                "speedup_vs_target_only": arm.tok_s / base.tok_s,
+                "speedup_vs_hf": arm.tok_s / best_hf if best_hf else None,
+                "scheduler": sched,
+                "greedy_identical_to_target_only": arm.outputs == base.outputs,
+            }
+        result[f"batch{bs}"] = block
+    if 1 in batch_sizes and len(batch_sizes) > 1:
+        b1 = result["batch1"]["target_only_tok_s"]
+        result["batch_scaling_target_only"] = {f"batch{b}_over_batch1": result[f"batch{b}"]["target_only_tok_s"] / b1
+                                               for b in batch_sizes if b != 1}
+    return result
+
+
+def _dtype_key(dtype: torch.dtype) -> str:
+    return "bf16" if dtype == torch.bfloat16 else "fp32"

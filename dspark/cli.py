@@ -1,0 +1,146 @@
+"""The `dspark` command line: generate, profile, bench."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="DSpark speculative decoding.")
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (print JSON as the last line).")
+app.add_typer(bench_app, name="bench")
+
+TARGET = typer.Option("smollm2-135m-instruct", help="HF causal-LM folder or the embedded default.")
+DEVICE = typer.Option("cpu", help="cpu or cuda[:N].")
+DTYPE = typer.Option(None, help="fp32 | bf16 | fp16 (default: fp32 on CPU, bf16 on GPU).")
+THREADS = typer.Option(None, help="torch threads (default: torch's choice).")
+
+
+def _setup(num_threads: int | None, verbose: bool = False) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
+    if num_threads:
+        torch.set_num_threads(num_threads)
+
+
+@app.command()
+def generate(
+    prompt: str = typer.Option(..., help="User message (chat template applied unless --raw)."),
+    drafter: str = typer.Option("ngram", help="none | ngram | oracle"),
+    scheduler: str = typer.Option("greedy", help="fixed | threshold | greedy | async"),
+    temperature: float = typer.Option(0.0, min=0.0),
+    top_p: float = typer.Option(1.0, min=0.0, max=1.0),
+    seed: int | None = typer.Option(None),
+    max_tokens: int = typer.Option(128, min=1),
+    num_draft_tokens: int = typer.Option(7, min=0, help="γ: draft block size."),
+    raw: bool = typer.Option(False, help="Do not apply the chat template."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object with per-step stats."),
+    target: str = TARGET, device: str = DEVICE, dtype: str | None = DTYPE,
+    sps_profile: str | None = typer.Option(None, help="SPS profile JSON (default configs/profiles/<device>.json)."),
+    num_threads: int | None = THREADS,
+) -> None:
+    """Generate one completion with speculative decoding."""
+    _setup(num_threads)
+    from dspark.bench.prompts import chat_prompt_ids
+    from dspark.verify_service.engine import Engine, EngineConfig
+    from dspark.verify_service.request import SamplingParams
+
+    cfg = EngineConfig(target=target, device=device, dtype=dtype, drafter=drafter, scheduler=scheduler,
+                       num_draft_tokens=num_draft_tokens, sps_profile=sps_profile, max_num_seqs=1,
+                       scheduler_kwargs={"k": num_draft_tokens} if scheduler == "fixed" else {})
+    try:
+        engine = Engine(cfg)
+        ids = chat_prompt_ids(engine.tokenizer, prompt, raw=raw)
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
+        t0 = time.perf_counter()
+        (req,) = engine.generate([ids], params)
+    except (ValueError, FileNotFoundError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    wall_s = time.perf_counter() - t0
+    text = engine.tokenizer.decode(req.output_ids, skip_special_tokens=True)
+    if req.stop_text_len is not None:
+        text = text[:req.stop_text_len]
+    if not as_json:
+        typer.echo(text)
+        return
+    steps = [{"num_tokens": s.num_tokens, "verify_len": s.lengths[0], "num_accepted": s.num_accepted[0],
+              "draft_ms": round(s.draft_ms, 2), "verify_ms": round(s.verify_ms, 2)} for s in engine.stats]
+    typer.echo(json.dumps({
+        "text": text, "token_ids": req.output_ids, "finish_reason": str(req.finish_reason.value),
+        "num_prompt_tokens": len(ids), "num_steps": req.num_steps,
+        "tau": (req.num_accepted + req.num_steps) / max(req.num_steps, 1),
+        "tok_s": len(req.output_ids) / wall_s, "steps": steps}))
+
+
+@app.command()
+def profile(
+    out: Path = typer.Option(Path("configs/profiles/cpu.json"), help="Where to write the SPS profile."),
+    target: str = TARGET, device: str = DEVICE, dtype: str | None = DTYPE,
+    max_tokens_per_step: int = typer.Option(256, min=1),
+    context_len: int = typer.Option(256, min=1),
+    num_repeats: int = typer.Option(5, min=1),
+    num_threads: int | None = THREADS,
+) -> None:
+    """Measure target step time vs tokens per step (1..256) and write the SPS profile JSON."""
+    _setup(num_threads)
+    from dspark.bench.profile import DEFAULT_GRID, profile_target
+    from dspark.models.target import load_target
+
+    grid = tuple(b for b in DEFAULT_GRID if b <= max_tokens_per_step)
+    table = profile_target(load_target(target, device, dtype), grid, context_len, num_repeats=num_repeats)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    table.save(out)
+    typer.echo(json.dumps({"out": str(out), **table.to_dict(),
+                           "sps": [round(table.sps(b), 3) for b in table.tokens_per_step]}))
+
+
+@bench_app.command("decode")
+def bench_decode_cmd(
+    drafters: str = typer.Option("ngram,oracle", help="Comma-separated drafter names."),
+    batch_sizes: str = typer.Option("1,8"),
+    num_prompts: int = typer.Option(4, min=1, help="Prompts decoded one by one at batch 1."),
+    max_new_tokens: int = typer.Option(128, min=1),
+    scheduler: str = typer.Option("fixed", help="Scheduler for the non-oracle drafters."),
+    num_draft_tokens: int = typer.Option(7, min=1),
+    hf_dtypes: str = typer.Option("fp32,bf16", help="Dtypes for the HF generate reference ('' to skip)."),
+    sps_profile: str | None = typer.Option(None),
+    target: str = TARGET, device: str = DEVICE, dtype: str | None = DTYPE,
+    num_threads: int | None = THREADS,
+    out: Path | None = typer.Option(None, help="Also write the JSON here."),
+) -> None:
+    """HF generate vs target-only engine vs speculative decoding (greedy, fixed seed)."""
+    _setup(num_threads)
+    from dspark.bench.decode import bench_decode
+    from dspark.models.target import load_target
+
+    res = bench_decode(load_target(target, device, dtype), [d for d in drafters.split(",") if d],
+                       [int(b) for b in batch_sizes.split(",")], num_prompts, max_new_tokens, scheduler,
+                       num_draft_tokens, sps_profile, [d for d in hf_dtypes.split(",") if d])
+    _emit(res, out)
+
+
+@bench_app.command("batching")
+def bench_batching_cmd(target: str = TARGET, device: str = DEVICE, dtype: str | None = DTYPE,
+                       num_threads: int | None = THREADS, out: Path | None = typer.Option(None)) -> None:
+    """Verify step time: mixed verification lengths vs uniform, same total tokens."""
+    _setup(num_threads)
+    from dspark.bench.batching import bench_batching
+    from dspark.models.target import load_target
+
+    _emit(bench_batching(load_target(target, device, dtype)), out)
+
+
+def _emit(res: dict, out: Path | None) -> None:
+    line = json.dumps(res)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(line + "\n")
+    typer.echo(line)
+
+
+if __name__ == "__main__":
+    app()

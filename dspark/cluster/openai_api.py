@@ -1,0 +1,315 @@
+"""The OpenAI-compatible HTTP front: /v1/models, /v1/completions, /v1/chat/completions, /health.
+
+The app talks to any engine with an AsyncEngine-shaped `generate()` and a `tokenizer`, fetched per
+request through `get_engine`, so a distributed engine can replace the in-process one unchanged.
+Client mistakes are always 4xx with an OpenAI-style `{"error": {...}}` body; a dead engine is a 503.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import jinja2
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from dspark.cluster.api_models import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatDelta,
+    ChatResponseMessage,
+    CompletionChoice,
+    CompletionChunk,
+    CompletionRequest,
+    CompletionResponse,
+    ErrorInfo,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    SpecStats,
+    Usage,
+    new_id,
+)
+from dspark.verify_service.async_engine import EngineDeadError
+from dspark.verify_service.request import RequestOutput, SamplingParams
+
+log = logging.getLogger(__name__)
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class GenerateEngine(Protocol):
+    """What the HTTP layer needs from an engine (AsyncEngine satisfies it)."""
+
+    @property
+    def tokenizer(self) -> Any: ...
+
+    @property
+    def is_alive(self) -> bool: ...
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams,
+                 request_id: str | None = None) -> AsyncIterator[RequestOutput]: ...
+
+
+class ApiError(Exception):
+    """An error answered with `status` and an OpenAI-style body."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.info = ErrorInfo(message=message, type=type_, param=param, code=code)
+
+
+def error_response(status: int, info: ErrorInfo) -> JSONResponse:
+    return JSONResponse(ErrorResponse(error=info).model_dump(), status_code=status)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if any(e.get("type") == "json_invalid" for e in errors):
+        detail = next(e for e in errors if e.get("type") == "json_invalid").get("ctx", {}).get("error", "")
+        return f"malformed JSON body: {detail}".rstrip(": "), None
+    parts, params = [], []
+    for e in errors:
+        loc = [str(p) for p in e.get("loc", ()) if p != "body"]
+        params.append(".".join(loc))
+        parts.append(f"{'.'.join(loc) or 'body'}: {e.get('msg', 'invalid')}")
+    return "; ".join(parts), (params[0] or None) if params else None
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Map every failure to an OpenAI-style body; client errors are 400, never 422 or 5xx."""
+
+    @app.exception_handler(RequestValidationError)
+    async def _on_validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return error_response(400, ErrorInfo(message=message, param=param))
+
+    @app.exception_handler(ApiError)
+    async def _on_api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc.status, exc.info)
+
+    @app.exception_handler(EngineDeadError)
+    async def _on_engine_dead(_: Request, exc: EngineDeadError) -> JSONResponse:
+        return error_response(503, ErrorInfo(message=str(exc), type="service_unavailable_error"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _on_http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, ErrorInfo(message=str(exc.detail)))
+
+
+@dataclass
+class TextStream:
+    """Turns a request's outputs into text: incremental deltas, cut before the first stop string.
+
+    Decodes all output ids each time and sends the new suffix; holds back a trailing '\\ufffd'
+    (half a multi-byte character) and any tail that may be the start of a stop string.
+    """
+
+    tokenizer: Any
+    stops: list[str]
+    token_ids: list[int] = field(default_factory=list)
+    num_steps: int = 0
+    num_sent_chars: int = 0
+    is_stopped: bool = False
+    finish_reason: str | None = None
+
+    def add(self, out: RequestOutput) -> None:
+        # new_token_ids is the step's own list; output_ids aliases the engine's live list
+        self.token_ids += out.new_token_ids
+        self.num_steps += bool(out.new_token_ids)
+        if out.is_finished:
+            self.finish_reason = out.finish_reason.value if out.finish_reason else "stop"
+
+    def delta(self) -> str:
+        if self.is_stopped:
+            return ""
+        text = self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
+        cut = self._first_stop(text)
+        if cut is not None:
+            self.is_stopped = True
+            end = cut
+        elif self.finish_reason is not None:
+            end = len(text)
+        else:
+            end = len(text) - self._num_held_back(text)
+        new = text[self.num_sent_chars:end]
+        self.num_sent_chars = max(self.num_sent_chars, end)
+        return new
+
+    def _first_stop(self, text: str) -> int | None:
+        hits = [i for i in (text.find(s) for s in self.stops if s) if i >= 0]
+        return min(hits) if hits else None
+
+    def _num_held_back(self, text: str) -> int:
+        held = len(text) - len(text.rstrip("\ufffd"))
+        for stop in self.stops:
+            for k in range(min(len(stop) - 1, len(text)), held, -1):
+                if text.endswith(stop[:k]):
+                    held = k
+                    break
+        return held
+
+    def usage(self, num_prompt_tokens: int) -> Usage:
+        num = len(self.token_ids)
+        return Usage(prompt_tokens=num_prompt_tokens, completion_tokens=num,
+                     total_tokens=num_prompt_tokens + num)
+
+    def spec_stats(self) -> SpecStats:
+        return SpecStats(num_steps=self.num_steps,
+                         mean_tokens_per_step=len(self.token_ids) / max(self.num_steps, 1))
+
+
+async def _start(engine: GenerateEngine, prompt_ids: list[int], params: SamplingParams
+                 ) -> tuple[AsyncIterator[RequestOutput], RequestOutput]:
+    """Submit the request and wait for its first output, so a rejected request is still a 400."""
+    gen = engine.generate(prompt_ids, params)
+    try:
+        first = await anext(gen)
+    except ValueError as exc:
+        await gen.aclose()
+        raise ApiError(400, str(exc)) from exc
+    except BaseException:
+        await gen.aclose()
+        raise
+    return gen, first
+
+
+async def _outputs(first: RequestOutput, gen: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
+    yield first
+    if first.is_finished:
+        return
+    async for out in gen:
+        yield out
+
+
+def _encode_chat(tokenizer: Any, body: ChatCompletionRequest) -> list[int]:
+    messages = [m.model_dump() for m in body.messages]
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    except (ValueError, jinja2.TemplateError) as exc:  # no template, or it rejects the conversation
+        raise ApiError(400, f"chat template: {exc}", param="messages") from exc
+    # the template already wrote any BOS/role tokens it wants
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _encode_prompt(tokenizer: Any, body: CompletionRequest) -> list[int]:
+    if isinstance(body.prompt, str):
+        return tokenizer(body.prompt)["input_ids"]
+    return list(body.prompt)
+
+
+def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str) -> FastAPI:
+    """The OpenAI-compatible app serving `model_name` from the engine `get_engine()` returns."""
+    app = FastAPI(title="dspark", description="OpenAI-compatible speculative decoding server")
+    install_error_handlers(app)
+    started = int(time.time())
+
+    def check_model(body_model: str | None) -> None:
+        if body_model is not None and body_model != model_name:
+            raise ApiError(404, f"model {body_model!r} is not served here; use {model_name!r}",
+                           param="model", code="model_not_found")
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        if not get_engine().is_alive:
+            raise ApiError(503, "engine loop is not running", code="engine_dead")
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models() -> ModelList:
+        return ModelList(data=[ModelCard(id=model_name, created=started)])
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest) -> CompletionResponse | StreamingResponse:
+        check_model(body.model)
+        engine = get_engine()
+        prompt_ids = _encode_prompt(engine.tokenizer, body)
+        stream = TextStream(engine.tokenizer, body.stop_list())
+        gen, first = await _start(engine, prompt_ids, body.sampling_params())
+        rid, created = new_id("cmpl"), int(time.time())
+
+        def chunk(text: str, is_last: bool) -> str:
+            c = CompletionChunk(id=rid, created=created, model=model_name,
+                                choices=[CompletionChoice(text=text, finish_reason=stream.finish_reason)],
+                                usage=stream.usage(len(prompt_ids)) if is_last else None,
+                                dspark=stream.spec_stats() if is_last else None)
+            return f"data: {c.model_dump_json()}\n\n"
+
+        if body.stream:
+            return StreamingResponse(_sse(first, gen, stream, chunk), media_type="text/event-stream",
+                                     headers=SSE_HEADERS)
+        await _drain(first, gen, stream)
+        return CompletionResponse(id=rid, created=created, model=model_name,
+                                  choices=[CompletionChoice(text=stream.delta(),
+                                                            finish_reason=stream.finish_reason)],
+                                  usage=stream.usage(len(prompt_ids)), dspark=stream.spec_stats())
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(body: ChatCompletionRequest) -> ChatCompletionResponse | StreamingResponse:
+        check_model(body.model)
+        engine = get_engine()
+        prompt_ids = _encode_chat(engine.tokenizer, body)
+        stream = TextStream(engine.tokenizer, body.stop_list())
+        gen, first = await _start(engine, prompt_ids, body.sampling_params())
+        rid, created = new_id("chatcmpl"), int(time.time())
+        is_first = [True]
+
+        def chunk(text: str, is_last: bool) -> str:
+            delta = ChatDelta(role="assistant" if is_first[0] else None, content=text)
+            is_first[0] = False
+            choice = ChatChunkChoice(delta=delta, finish_reason=stream.finish_reason)
+            c = ChatCompletionChunk(id=rid, created=created, model=model_name, choices=[choice],
+                                    usage=stream.usage(len(prompt_ids)) if is_last else None,
+                                    dspark=stream.spec_stats() if is_last else None)
+            return f"data: {c.model_dump_json()}\n\n"
+
+        if body.stream:
+            return StreamingResponse(_sse(first, gen, stream, chunk), media_type="text/event-stream",
+                                     headers=SSE_HEADERS)
+        await _drain(first, gen, stream)
+        message = ChatResponseMessage(content=stream.delta())
+        return ChatCompletionResponse(id=rid, created=created, model=model_name, choices=[
+                                          ChatChoice(message=message, finish_reason=stream.finish_reason)],
+                                      usage=stream.usage(len(prompt_ids)), dspark=stream.spec_stats())
+
+    return app
+
+
+async def _drain(first: RequestOutput, gen: AsyncIterator[RequestOutput], stream: TextStream) -> None:
+    # aclose in finally: a client that hangs up cancels us here, and closing the engine's
+    # generator is what aborts the request and frees its cache slot
+    try:
+        async for out in _outputs(first, gen):
+            stream.add(out)
+    finally:
+        await gen.aclose()
+
+
+async def _sse(first: RequestOutput, gen: AsyncIterator[RequestOutput], stream: TextStream,
+               chunk: Callable[[str, bool], str]) -> AsyncIterator[str]:
+    try:
+        async for out in _outputs(first, gen):
+            stream.add(out)
+            text = stream.delta()
+            if out.is_finished:
+                yield chunk(text, True)
+            elif text:
+                yield chunk(text, False)
+    except EngineDeadError as exc:  # headers are sent: report in-band
+        log.warning("stream failed: %s", exc)
+        info = ErrorInfo(message=str(exc), type="service_unavailable_error")
+        yield f"data: {ErrorResponse(error=info).model_dump_json()}\n\n"
+    finally:
+        await gen.aclose()
+    yield "data: [DONE]\n\n"

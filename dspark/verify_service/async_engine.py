@@ -1,0 +1,122 @@
+"""Runs an Engine's step loop on a background thread and streams outputs to asyncio callers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import uuid
+from collections.abc import AsyncIterator
+
+from dspark.verify_service.engine import Engine
+from dspark.verify_service.request import RequestOutput, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    pass
+
+
+class AsyncEngine:
+    """Thread-safe front of an Engine: `generate()` yields RequestOutputs as the engine steps.
+
+    Requests join and leave between steps; a caller that stops iterating (client gone) aborts its
+    request, which frees its cache slot at the next step.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._pending: list[tuple[str, list[int], SamplingParams]] = []
+        self._aborts: list[str] = []
+        self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._stopped = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="dspark-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def tokenizer(self):  # noqa: ANN201
+        return self.engine.tokenizer
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Yield one RequestOutput per step that gave this request tokens, the last with is_finished."""
+        self.engine.validate(prompt_ids, params)  # ValueError -> the caller's 400
+        rid = request_id or f"req-{uuid.uuid4().hex}"
+        queue: asyncio.Queue = asyncio.Queue()
+        with self._lock:  # checked under the lock that _fail_all holds: no request slips past a death
+            if self._error is not None:
+                raise EngineDeadError(f"engine loop died: {self._error!r}")
+            self._queues[rid] = (asyncio.get_running_loop(), queue)
+            self._pending.append((rid, prompt_ids, params))
+        self._wake.set()
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise EngineDeadError(f"engine step failed: {item!r}") from item
+                yield item
+                if item.is_finished:
+                    finished = True
+                    return
+        finally:
+            with self._lock:
+                self._queues.pop(rid, None)
+                if not finished:
+                    self._aborts.append(rid)
+            self._wake.set()
+
+    @property
+    def is_alive(self) -> bool:
+        return self._error is None and self._thread.is_alive()
+
+    def shutdown(self) -> None:
+        self._stopped = True
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        eng = self.engine
+        while not self._stopped:
+            with self._lock:
+                pending, self._pending = self._pending, []
+                aborts, self._aborts = self._aborts, []
+            for rid, prompt_ids, params in pending:
+                try:
+                    eng.add_request(prompt_ids, params, request_id=rid)
+                except Exception as exc:  # noqa: BLE001 - that request fails, the loop goes on
+                    self._fail_one(rid, exc)
+            for rid in aborts:
+                eng.abort(rid)
+            if not eng.has_unfinished():
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                continue
+            try:
+                outputs = eng.step()
+            except BaseException as exc:  # noqa: BLE001 - fail the waiting requests, never hang them
+                log.exception("engine step failed")
+                self._fail_all(exc)
+                return
+            with self._lock:
+                for out in outputs:
+                    target = self._queues.get(out.request_id)
+                    if target is not None:
+                        loop, queue = target
+                        loop.call_soon_threadsafe(queue.put_nowait, out)
+
+    def _fail_one(self, rid: str, exc: BaseException) -> None:
+        with self._lock:
+            target = self._queues.get(rid)
+            if target is not None:
+                target[0].call_soon_threadsafe(target[1].put_nowait, exc)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        with self._lock:
+            self._error = exc
+            for loop, queue in self._queues.values():
+                loop.call_soon_threadsafe(queue.put_nowait, exc)

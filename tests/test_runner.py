@@ -1,0 +1,68 @@
+"""The flattened varlen runner computes exactly what the HF module computes."""
+
+from __future__ import annotations
+
+import torch
+
+from dspark.models.runner import SeqChunk, TargetRunner
+from dspark.models.target import TargetModel
+
+
+def test_mixed_chunks_match_hf_forward_logits(tiny_target: TargetModel) -> None:
+    model = tiny_target.model
+    runner = TargetRunner(model, max_num_seqs=4, max_model_len=128)
+    gen = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(4, runner.vocab_size, (n,), generator=gen) for n in (20, 13, 1, 9)]
+    slots = [runner.cache.allocate() for _ in seqs]
+    cut = [17, 10, 1, 2]
+    # prefill prefixes of different lengths in one call, then continue with mixed-length chunks
+    first = runner.forward([SeqChunk(s, 0, q[:c].tolist(), c) for s, q, c in zip(slots, seqs, cut)])
+    second = runner.forward([SeqChunk(s, c, q[c:].tolist(), len(q) - c)
+                             for s, q, c in zip(slots, seqs, cut) if len(q) > c])
+    with torch.no_grad():
+        refs = [model(q[None]).logits[0] for q in seqs]
+    got_first = torch.split(first.logits, cut)
+    rest = [len(q) - c for q, c in zip(seqs, cut) if len(q) > c]
+    got_second = torch.split(second.logits, rest)
+    for ref, c, g in zip(refs, cut, got_first):
+        torch.testing.assert_close(g, ref[:c], atol=1e-5, rtol=1e-5)
+    j = 0
+    for ref, c, q in zip(refs, cut, seqs):
+        if len(q) > c:
+            torch.testing.assert_close(got_second[j], ref[c:], atol=1e-5, rtol=1e-5)
+            j += 1
+
+
+def test_rollback_by_length_overwrites_rejected_entries(tiny_target: TargetModel) -> None:
+    runner = TargetRunner(tiny_target.model, max_num_seqs=1, max_model_len=64)
+    slot = runner.cache.allocate()
+    seq = list(range(5, 25))
+    runner.forward([SeqChunk(slot, 0, seq[:10], 1)])
+    runner.forward([SeqChunk(slot, 10, [40, 41, 42, 43], 4)])  # 3 rejected drafts after seq[10]-position
+    out = runner.forward([SeqChunk(slot, 10, seq[10:], 10)])  # overwrite from position 10 on
+    with torch.no_grad():
+        ref = tiny_target.model(torch.tensor([seq])).logits[0, 10:]
+    torch.testing.assert_close(out.logits, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_freeing_a_slot_moves_the_last_one_without_changing_its_cache(tiny_target: TargetModel) -> None:
+    runner = TargetRunner(tiny_target.model, max_num_seqs=3, max_model_len=64)
+    a, b, c = (runner.cache.allocate() for _ in range(3))
+    seq_c = list(range(10, 22))
+    runner.forward([SeqChunk(a, 0, [5, 6, 7], 1), SeqChunk(b, 0, [8, 9], 1), SeqChunk(c, 0, seq_c[:8], 1)])
+    runner.cache.lengths[c] = 8
+    assert runner.cache.free(a) == c
+    out = runner.forward([SeqChunk(a, 8, seq_c[8:], 4)])
+    with torch.no_grad():
+        ref = tiny_target.model(torch.tensor([seq_c])).logits[0, 8:]
+    torch.testing.assert_close(out.logits, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_hidden_states_of_chosen_layers_match_hf(tiny_target: TargetModel) -> None:
+    runner = TargetRunner(tiny_target.model, max_num_seqs=1, max_model_len=64)
+    slot = runner.cache.allocate()
+    seq = list(range(5, 17))
+    out = runner.forward([SeqChunk(slot, 0, seq, 1)], hidden_layers=(0, 1, 2))
+    ref = tiny_target.hidden_states(torch.tensor([seq]), [0, 1, 2])
+    for layer, r in zip((0, 1, 2), ref):
+        torch.testing.assert_close(out.hidden_states[layer], r[0], atol=1e-5, rtol=1e-5)
