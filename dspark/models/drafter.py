@@ -25,7 +25,8 @@ class DraftOutput:
     """One draft round for a batch of requests (index r matches the DraftRequest list)."""
 
     tokens: list[list[int]]  # k_r ≤ max_num_tokens draft tokens per request
-    probs: list[torch.Tensor] | None = None  # per request (k_r, V): the distributions sampled from; None = deterministic
+    # per request (k_r, V): the distributions sampled from; None = deterministic drafts
+    probs: list[torch.Tensor] | None = None
     confidences: list[list[float]] | None = None  # per request c_{r,1..k_r}: P(accept k | 1..k-1 accepted)
 
     def __post_init__(self) -> None:

@@ -1,0 +1,58 @@
+"""Batching is honest: a request's tokens do not depend on what else shares its steps."""
+
+from __future__ import annotations
+
+import torch
+
+from dspark.models.target import TargetModel
+from dspark.verify_service.engine import Engine, EngineConfig
+from dspark.verify_service.request import SamplingParams
+from tests.test_engine_lossless import tiny_prompts
+
+
+def _engine(target: TargetModel, scheduler: str, max_num_seqs: int) -> Engine:
+    cfg = EngineConfig(target=str(target.path), drafter="ngram", scheduler=scheduler,
+                       scheduler_kwargs={"k": 6} if scheduler == "fixed" else {},
+                       num_draft_tokens=7, max_num_seqs=max_num_seqs, max_model_len=512)
+    return Engine(cfg, target=target)
+
+
+def test_mixed_verification_lengths_in_one_batch_give_each_request_its_solo_tokens(tiny_target):
+    prompts = tiny_prompts(tiny_target.model.config.vocab_size)[:10]
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    batched_engine = _engine(tiny_target, "greedy", max_num_seqs=10)
+    batched = [r.output_ids for r in batched_engine.generate(prompts, params)]
+    # the batch really mixed lengths within single steps
+    assert any(len(set(s.lengths)) > 1 for s in batched_engine.stats)
+    solo_engine = _engine(tiny_target, "greedy", max_num_seqs=1)
+    solo = [solo_engine.generate([p], params)[0].output_ids for p in prompts]
+    assert batched == solo
+
+
+def test_seeded_sampling_is_reproducible_alone_and_in_a_batch(tiny_target):
+    """With fixed-K the per-request draws do not depend on the batch, so equal seeds give equal text."""
+    prompts = tiny_prompts(tiny_target.model.config.vocab_size)[:6]
+    params = [SamplingParams(max_tokens=25, temperature=0.9, top_p=0.95, seed=100 + i, ignore_eos=True)
+              for i in range(len(prompts))]
+    batched = [r.output_ids for r in _engine(tiny_target, "fixed", 6).generate(prompts, params)]
+    solo = [_engine(tiny_target, "fixed", 1).generate([p], [sp])[0].output_ids for p, sp in zip(prompts, params)]
+    assert batched == solo
+    other_seed = SamplingParams(max_tokens=25, temperature=0.9, top_p=0.95, seed=999, ignore_eos=True)
+    assert _engine(tiny_target, "fixed", 1).generate([prompts[0]], [other_seed])[0].output_ids != solo[0]
+
+
+def test_one_target_forward_per_step(tiny_target, monkeypatch):
+    engine = _engine(tiny_target, "greedy", max_num_seqs=4)
+    calls = []
+    real = engine.runner.forward
+    monkeypatch.setattr(engine.runner, "forward", lambda chunks, **kw: calls.append(len(chunks)) or real(chunks, **kw))
+    prompts = tiny_prompts(tiny_target.model.config.vocab_size)[:4]
+    engine.add_request(prompts[0], SamplingParams(max_tokens=10, ignore_eos=True))
+    engine.step()  # prefill of request 0 + its first verify step
+    assert calls == [1, 1]
+    for p in prompts[1:]:
+        engine.add_request(p, SamplingParams(max_tokens=10, ignore_eos=True))
+    calls.clear()
+    engine.step()  # one prefill forward for the 3 newcomers, then ONE verify forward over all 4
+    assert calls == [3, 4]
+    assert torch.is_tensor(engine.runner.cache.k[0])

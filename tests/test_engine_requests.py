@@ -1,0 +1,106 @@
+"""Request lifecycle: stop conditions, validation, aborts, the async front, and the n-gram drafter."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from dspark.models.drafter import DraftRequest
+from dspark.models.ngram import NgramDrafter
+from dspark.verify_service.async_engine import AsyncEngine
+from dspark.verify_service.engine import Engine, EngineConfig
+from dspark.verify_service.request import FinishReason, SamplingParams
+from tests.test_engine_lossless import tiny_prompts
+
+
+@pytest.fixture()
+def engine(tiny_target):
+    cfg = EngineConfig(target=str(tiny_target.path), drafter="ngram", scheduler="greedy",
+                       max_num_seqs=4, max_model_len=256)
+    return Engine(cfg, target=tiny_target)
+
+
+def test_max_tokens_is_exact_even_when_drafts_would_overshoot(engine):
+    prompt = [5, 6, 7, 8] * 6  # repetitive: the n-gram drafter proposes long blocks
+    for n in (1, 2, 5, 13):
+        (req,) = engine.generate([prompt], SamplingParams(max_tokens=n, ignore_eos=True))
+        assert len(req.output_ids) == n and req.finish_reason == FinishReason.LENGTH
+
+
+def test_eos_stops_and_is_not_part_of_the_output(engine, tiny_target):
+    eos = tiny_target.eos_token_ids[0]
+    prompts = tiny_prompts(tiny_target.model.config.vocab_size)
+    free = engine.generate(prompts, SamplingParams(max_tokens=40, ignore_eos=True))
+    with_eos = [i for i, r in enumerate(free) if eos in r.output_ids]
+    assert with_eos, "the tiny model should emit EOS somewhere in 32 prompts"
+    i = with_eos[0]
+    (req,) = engine.generate([prompts[i]], SamplingParams(max_tokens=40))
+    cut = free[i].output_ids.index(eos)
+    assert req.output_ids == free[i].output_ids[:cut] and req.finish_reason == FinishReason.STOP
+
+
+def test_stop_string_ends_the_request(engine, tiny_target):
+    prompt = tiny_prompts(tiny_target.model.config.vocab_size)[1]
+    (free,) = engine.generate([prompt], SamplingParams(max_tokens=30, ignore_eos=True))
+    text = tiny_target.tokenizer.decode(free.output_ids, skip_special_tokens=True)
+    stop = text.split()[3]
+    (req,) = engine.generate([prompt], SamplingParams(max_tokens=30, ignore_eos=True, stop=[stop]))
+    assert req.finish_reason == FinishReason.STOP
+    cut_text = tiny_target.tokenizer.decode(req.output_ids, skip_special_tokens=True)[:req.stop_text_len]
+    assert stop not in cut_text and text.startswith(cut_text)
+
+
+def test_invalid_requests_are_refused_with_a_reason(engine):
+    with pytest.raises(ValueError, match="empty"):
+        engine.add_request([], SamplingParams())
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine.add_request([5] * 200, SamplingParams(max_tokens=100))
+    with pytest.raises(ValueError, match="token ids"):
+        engine.add_request([5, 10**6], SamplingParams())
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=-1)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0)
+
+
+def test_abort_frees_the_slot(engine):
+    rid = engine.add_request([5, 6, 7], SamplingParams(max_tokens=100, ignore_eos=True))
+    engine.step()
+    assert engine.runner.cache.num_active == 1
+    engine.abort(rid)
+    outs = engine.step()
+    assert any(o.request_id == rid and o.finish_reason == FinishReason.ABORT for o in outs)
+    assert engine.runner.cache.num_active == 0 and not engine.has_unfinished()
+
+
+def test_async_engine_streams_concurrent_requests_and_matches_the_sync_engine(engine, tiny_target):
+    prompts = tiny_prompts(tiny_target.model.config.vocab_size)[:5]
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    expected = [r.output_ids for r in engine.generate(prompts, params)]
+    front = AsyncEngine(engine)
+
+    async def one(p: list[int]) -> tuple[list[int], int]:
+        toks, n = [], 0
+        async for out in front.generate(p, params):
+            toks += out.new_token_ids
+            n += 1
+        return toks, n
+
+    async def main():
+        return await asyncio.gather(*(one(p) for p in prompts))
+
+    try:
+        got = asyncio.run(main())
+    finally:
+        front.shutdown()
+    assert [t for t, _ in got] == expected
+    assert all(n > 1 for _, n in got)  # streamed over several steps
+
+
+def test_ngram_drafter_copies_what_followed_the_latest_match():
+    d = NgramDrafter(max_ngram=3)
+    seq = [1, 2, 3, 4, 5, 9, 9, 1, 2, 3]
+    out = d.propose([DraftRequest("a", seq, 0.0)], 4)
+    assert out.tokens == [[4, 5, 9, 9]] and out.probs is None and out.confidences is None
+    assert d.propose([DraftRequest("b", [7, 8, 6], 0.0)], 4).tokens == [[]]
