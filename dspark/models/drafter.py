@@ -48,6 +48,21 @@ class Drafter(Protocol):
         ...
 
 
+class FeatureDrafter(Drafter, Protocol):
+    """A drafter conditioned on target hidden states (DSpark, DFlash, EAGLE-3, MTP).
+
+    The engine runs the target with `hidden_layers` tapped (HF hidden_states indices: 0 = embeddings)
+    and, after prefill and after every verification, calls `observe` with the concatenated features
+    of exactly the tokens that entered the target's KV cache, in position order.
+    """
+
+    hidden_layers: tuple[int, ...]
+
+    def observe(self, request_id: str, features: torch.Tensor) -> None:
+        """features: (n, len(hidden_layers) * D_target) for the request's next n cache positions."""
+        ...
+
+
 DRAFTER_NAMES = ("none", "ngram", "oracle")
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from dspark.models.drafter import Drafter, DraftOutput, DraftRequest, make_drafter
-from dspark.models.runner import SeqChunk, TargetRunner
+from dspark.models.runner import ForwardOutput, SeqChunk, TargetRunner
 from dspark.models.target import DEFAULT_TARGET, TargetModel, load_target
 from dspark.spec.schedulers import make_scheduler
 from dspark.spec.sps import SPSTable
@@ -74,6 +74,8 @@ class Engine:
         self.runner = TargetRunner(self.target.model, config.max_num_seqs, config.max_model_len)
         self.drafter = drafter if drafter is not None else make_drafter(
             config.drafter, self.target, **config.drafter_kwargs)
+        # target layers whose hidden states the drafter consumes (DSpark-style context features)
+        self.hidden_layers: tuple[int, ...] = tuple(getattr(self.drafter, "hidden_layers", ()))
         self.scheduler = make_scheduler(config.scheduler, **config.scheduler_kwargs)
         self.sps = load_sps(config) if config.scheduler != "fixed" else None
         self.tracker = AcceptanceTracker(max(1, config.num_draft_tokens))
@@ -142,7 +144,8 @@ class Engine:
         for req in new:
             req.slot = self.runner.cache.allocate()
             self.running.append(req)
-        out = self.runner.forward([SeqChunk(r.slot, 0, r.prompt_ids, 1) for r in new])
+        out = self.runner.forward([SeqChunk(r.slot, 0, r.prompt_ids, 1) for r in new], self.hidden_layers)
+        self._feed_drafter(new, [len(r.prompt_ids) for r in new], [len(r.prompt_ids) for r in new], out)
         first = verify(build_verify_input(out.logits, new, [[] for _ in new], None, [0] * len(new)))
         outputs = []
         now = time.perf_counter()
@@ -178,9 +181,22 @@ class Engine:
                 lengths: list[int]) -> tuple[list[int], list[int]]:
         chunks = [SeqChunk(r.slot, r.num_cached, [r.token_ids[-1]] + d[:n], n + 1)
                   for r, d, n in zip(active, draft.tokens, lengths)]
-        out = self.runner.forward(chunks)
+        out = self.runner.forward(chunks, self.hidden_layers)
         result = verify(build_verify_input(out.logits, active, draft.tokens, draft.probs, lengths))
+        # the drafter sees target features of exactly the tokens that stay in the cache
+        self._feed_drafter(active, [n + 1 for n in lengths], [n + 1 for n in result.num_accepted], out)
         return result.num_accepted, result.next_token
+
+    def _feed_drafter(self, reqs: list[Request], chunk_lens: list[int], num_kept: list[int],
+                      out: ForwardOutput) -> None:
+        if not self.hidden_layers or self.drafter is None:
+            return
+        feats = torch.cat([out.hidden_states[i] for i in self.hidden_layers], dim=-1)  # (T, taps*D)
+        offset = 0
+        for req, n_chunk, n_keep in zip(reqs, chunk_lens, num_kept):
+            # features of cache positions num_cached .. num_cached + n_keep - 1, in order
+            self.drafter.observe(req.request_id, feats[offset:offset + n_keep])  # type: ignore[attr-defined]
+            offset += n_chunk
 
     def _commit(self, active: list[Request], draft: DraftOutput, lengths: list[int],
                 accepted: list[int], next_tokens: list[int]) -> list[RequestOutput]:

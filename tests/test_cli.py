@@ -1,0 +1,48 @@
+"""The `dspark` CLI end to end on the tiny model: generate --json, profile, bench batching."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from dspark.cli import app
+from dspark.spec.sps import SPSTable
+
+runner = CliRunner()
+
+
+def test_profile_writes_a_loadable_sps_table(tiny_target_dir, tmp_path):
+    out = tmp_path / "p.json"
+    res = runner.invoke(app, ["profile", "--target", str(tiny_target_dir), "--out", str(out),
+                              "--max-tokens-per-step", "16", "--context-len", "32", "--num-repeats", "2"])
+    assert res.exit_code == 0, res.output
+    table = SPSTable.from_file(out)
+    assert table.tokens_per_step[0] == 1 and table.tokens_per_step[-1] == 16
+    assert all(t > 0 for t in table.step_time_ms)
+    assert json.loads(res.output.strip().splitlines()[-1])["out"] == str(out)
+
+
+def test_generate_json_reports_text_ids_and_steps(tiny_target_dir, tmp_path):
+    profile = tmp_path / "p.json"
+    SPSTable.from_sps({1: 100.0, 8: 80.0, 64: 20.0}).save(profile)
+    res = runner.invoke(app, ["generate", "--prompt", "one two three one two three one two", "--target",
+                              str(tiny_target_dir), "--drafter", "ngram", "--scheduler", "greedy",
+                              "--sps-profile", str(profile), "--max-tokens", "12", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output.strip().splitlines()[-1])
+    assert 0 < len(out["token_ids"]) <= 12 and isinstance(out["text"], str)
+    assert out["num_steps"] == len(out["steps"]) and out["tau"] >= 1
+
+
+def test_generate_refuses_bad_input_with_a_reason(tiny_target_dir):
+    res = runner.invoke(app, ["generate", "--prompt", "one", "--target", str(tiny_target_dir),
+                              "--drafter", "nope", "--scheduler", "fixed"])
+    assert res.exit_code == 2 and "unknown drafter" in res.output
+
+
+def test_bench_batching_prints_json_last(tiny_target_dir):
+    res = runner.invoke(app, ["bench", "batching", "--target", str(tiny_target_dir)])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output.strip().splitlines()[-1])
+    assert set(out["cases"]) and out["max_mixed_over_uniform"] > 0
