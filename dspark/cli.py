@@ -98,6 +98,30 @@ def profile(
                            "sps": [round(table.sps(b), 3) for b in table.tokens_per_step]}))
 
 
+@app.command()
+def train(
+    config: Path = typer.Option(..., help="Pipeline YAML, e.g. configs/train/dspark_smollm2.yaml."),
+    stages: str | None = typer.Option(None, help="Comma-separated subset of stages (default: all)."),
+    num_threads: int | None = THREADS,
+) -> None:
+    """Run the drafter training pipeline; each stage is skipped when its output exists."""
+    _setup(num_threads, verbose=True)
+    from dspark.training.pipeline import STAGES, run_pipeline
+    from dspark.training.pipeline_config import PipelineConfig
+
+    try:
+        cfg = PipelineConfig.from_yaml(config)
+    except (OSError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    chosen = tuple(s for s in stages.split(",") if s) if stages else STAGES
+    unknown = set(chosen) - set(STAGES)
+    if unknown:
+        typer.echo(f"error: unknown stages {sorted(unknown)}; expected {list(STAGES)}", err=True)
+        raise typer.Exit(2)
+    typer.echo(json.dumps(run_pipeline(cfg, chosen), default=str))
+
+
 @bench_app.command("decode")
 def bench_decode_cmd(
     drafters: str = typer.Option("ngram,oracle", help="Comma-separated drafter names."),

@@ -20,7 +20,7 @@ def test_profile_writes_a_loadable_sps_table(tiny_target_dir, tmp_path):
     table = SPSTable.from_file(out)
     assert table.tokens_per_step[0] == 1 and table.tokens_per_step[-1] == 16
     assert all(t > 0 for t in table.step_time_ms)
-    assert json.loads(res.output.strip().splitlines()[-1])["out"] == str(out)
+    assert json.loads(res.stdout.strip().splitlines()[-1])["out"] == str(out)
 
 
 def test_generate_json_reports_text_ids_and_steps(tiny_target_dir, tmp_path):
@@ -30,7 +30,7 @@ def test_generate_json_reports_text_ids_and_steps(tiny_target_dir, tmp_path):
                               str(tiny_target_dir), "--drafter", "ngram", "--scheduler", "greedy",
                               "--sps-profile", str(profile), "--max-tokens", "12", "--json"])
     assert res.exit_code == 0, res.output
-    out = json.loads(res.output.strip().splitlines()[-1])
+    out = json.loads(res.stdout.strip().splitlines()[-1])
     assert 0 < len(out["token_ids"]) <= 12 and isinstance(out["text"], str)
     assert out["num_steps"] == len(out["steps"]) and out["tau"] >= 1
 
@@ -44,5 +44,5 @@ def test_generate_refuses_bad_input_with_a_reason(tiny_target_dir):
 def test_bench_batching_prints_json_last(tiny_target_dir):
     res = runner.invoke(app, ["bench", "batching", "--target", str(tiny_target_dir)])
     assert res.exit_code == 0, res.output
-    out = json.loads(res.output.strip().splitlines()[-1])
+    out = json.loads(res.stdout.strip().splitlines()[-1])
     assert set(out["cases"]) and out["max_mixed_over_uniform"] > 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from collections.abc import Iterator
@@ -30,6 +31,10 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def server(tiny_target_dir: Path) -> Iterator[httpx.Client]:
     port = _free_port()
+    # a 2-core machine running other work can starve the proxy for a while: be patient with it
+    # (the controller inherits these through the local cluster's environment)
+    for var in ("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"):
+        os.environ.setdefault(var, "60")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})

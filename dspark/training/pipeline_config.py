@@ -1,0 +1,47 @@
+"""The training pipeline's YAML config (pydantic: a typo is an error, not a silent default)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SynthSection(_Strict):
+    num_prompts: int = Field(1024, ge=1, description="Prompts to synthesise (Magpie + stdlib).")
+    num_stdlib_prompts: int = Field(160, ge=0, description="Of which derived from stdlib sources.")
+    domain_mix: dict[str, float] = Field({"math": 0.4, "code": 0.25, "chat": 0.35},
+                                         description="Magpie domain weights.")
+    shard_size: int = Field(64, ge=1, description="Prompts per resumable shard.")
+    prompt_max_tokens: int = Field(80, ge=8, description="Longest synthesised user message.")
+    response_max_tokens: int = Field(256, ge=8, description="Longest response.")
+    response_temperature: float = Field(0.7, ge=0, description="Response sampling temperature.")
+    response_top_p: float = Field(0.9, gt=0, le=1, description="Response nucleus mass.")
+    seed: int = Field(0, description="Seed for prompt planning and sampling.")
+
+
+class EngineSection(_Strict):
+    drafter: str = Field("ngram", description="Drafter used while generating data.")
+    scheduler: str = Field("greedy", description="Scheduler used while generating data.")
+    max_num_seqs: int = Field(16, ge=1, description="Concurrent sequences.")
+    max_model_len: int = Field(1024, ge=64, description="Longest prompt + response.")
+
+
+class PipelineConfig(_Strict):
+    name: str = Field(..., description="Run name.")
+    target: str = Field("smollm2-135m-instruct", description="Target model.")
+    work_dir: Path = Field(..., description="Where data, caches and training checkpoints go.")
+    output: Path = Field(..., description="Final drafter checkpoint folder.")
+    synth: SynthSection = Field(default_factory=SynthSection)
+    engine: EngineSection = Field(default_factory=EngineSection)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> PipelineConfig:
+        cfg = cls.model_validate(yaml.safe_load(Path(path).read_text()))
+        cfg.work_dir = cfg.work_dir.expanduser()
+        return cfg
