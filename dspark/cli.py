@@ -122,6 +122,58 @@ def train(
     typer.echo(json.dumps(run_pipeline(cfg, chosen), default=str))
 
 
+@app.command("eval")
+def eval_cmd(
+    drafter: str = typer.Option("dspark", help="Drafter name."),
+    checkpoint: str | None = typer.Option(None, help="Drafter checkpoint folder (default: the shipped one)."),
+    datasets: list[str] = typer.Option(["gsm8k", "humaneval", "mbpp", "mt-bench"], "--datasets",
+                                       help="Shared eval set names or JSONL files of {'turns': [...]}"),
+    temperature: list[float] = typer.Option([1.0, 0.0], "--temperature", help="Sampling temperatures."),
+    num_prompts: int = typer.Option(10, min=1, help="Prompts per dataset."),
+    max_new_tokens: int = typer.Option(128, min=1),
+    block_size: int = typer.Option(7, min=1, help="γ: fixed verification block (no scheduler)."),
+    out_dir: Path = typer.Option(Path("out/eval"), help="Where the PNG plots and JSON go."),
+    target: str = TARGET, device: str = DEVICE, dtype: str | None = DTYPE, num_threads: int | None = THREADS,
+) -> None:
+    """Offline evaluation: τ per dataset, position-wise acceptance, calibration (JSON last, PNG plots)."""
+    _setup(num_threads)
+    from dspark.bench.plots import plot_conditional_acceptance, plot_reliability
+    from dspark.models.drafter import make_drafter
+    from dspark.models.target import load_target
+    from dspark.training.evaluate import evaluate
+
+    tgt = load_target(target, device, dtype)
+    kwargs = {"path": checkpoint} if checkpoint else {}
+    try:
+        d = make_drafter(drafter, tgt, **kwargs)
+    except (ValueError, FileNotFoundError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    sts = None
+    model = getattr(d, "model", None)
+    if model is not None and getattr(model.config, "sts_temperatures", None):
+        sts = list(model.config.sts_temperatures)
+        model.config.sts_temperatures = None  # record raw confidences; "after" applies STS offline
+    report = evaluate(tgt, d, datasets, temperature, num_prompts, max_new_tokens, block_size,
+                      sts_temperatures=sts)
+    rounds = report.pop("_rounds")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report["plots"] = [str(plot_conditional_acceptance(report, out_dir / f"acceptance_{drafter}.png", drafter))]
+    for temp, r in rounds.items():
+        logits, survived, valid = r.calibration_arrays(block_size)
+        if logits.shape[0]:
+            report["plots"].append(str(plot_reliability(logits, survived, valid, sts,
+                                                        out_dir / f"reliability_{drafter}_T{temp}.png")))
+    summary = {"drafter": drafter, "sts_temperatures": sts, **report}
+    for temp, run in report["runs"].items():
+        cal = run["calibration"]
+        summary[f"T={temp}"] = {"tau": run["tau"], "tau_macro": run["tau_macro"],
+                                "conditional_acceptance": run["conditional_acceptance"],
+                                "ece_before": cal.get("ece_before_mean"), "ece_after": cal.get("ece_after_mean"),
+                                "auc": cal.get("auc_after", cal.get("auc_before"))}
+    _emit(summary, out_dir / f"eval_{drafter}.json")
+
+
 @bench_app.command("decode")
 def bench_decode_cmd(
     drafters: str = typer.Option("ngram,oracle", help="Comma-separated drafter names."),

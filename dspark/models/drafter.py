@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -63,7 +64,9 @@ class FeatureDrafter(Drafter, Protocol):
         ...
 
 
-DRAFTER_NAMES = ("none", "ngram", "oracle")
+DRAFTER_NAMES = ("none", "ngram", "oracle", "dspark")
+CHECKPOINTS_DIR = Path(__file__).resolve().parents[2] / "checkpoints"
+DEFAULT_CHECKPOINTS = {"dspark": CHECKPOINTS_DIR / "dspark-smollm2"}
 
 
 def make_drafter(name: str, target: TargetModel, **kwargs: object) -> Drafter | None:
@@ -78,4 +81,11 @@ def make_drafter(name: str, target: TargetModel, **kwargs: object) -> Drafter | 
         from dspark.models.oracle import OracleDrafter
 
         return OracleDrafter(target, **kwargs)  # type: ignore[arg-type]
+    if name == "dspark":
+        from dspark.models.dspark_drafter import DSparkDrafter
+
+        path = Path(str(kwargs.pop("path", DEFAULT_CHECKPOINTS[name])))
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"no {name} checkpoint at {path} (config.json missing)")
+        return DSparkDrafter.from_pretrained(path, target, **kwargs)  # type: ignore[arg-type]
     raise ValueError(f"unknown drafter {name!r}; expected one of {', '.join(DRAFTER_NAMES)}")

@@ -177,7 +177,7 @@ class DSparkModel(nn.Module):
     def _rnn_step(self, state: torch.Tensor, e: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Paper eq. 6: state (..., r), e = W1[x_{k-1}] (..., r), h (..., D) -> new state, bias (..., N)."""
         gate, cand, out = F.linear(torch.cat([state, e, h], dim=-1), self.rnn_proj.weight,
-                               self.rnn_proj.bias).chunk(3, dim=-1)
+                                   self.rnn_proj.bias).chunk(3, dim=-1)
         g = torch.sigmoid(gate)
         state = g * state + (1 - g) * torch.tanh(cand)
         return state, torch.tanh(out) @ self.transition
@@ -303,7 +303,7 @@ class DSparkModel(nn.Module):
             uniforms = torch.rand(num_req, k_out, generator=generator, device=dev)  # (R, k)
         prev = self.target_to_draft[anchor_ids]  # (R,) x0 in the draft vocab (N if outside)
         state = h.new_zeros(num_req, self.config.markov_rank) if self.config.head_type == "rnn" else None
-        ids, logits, probs, conf = [], [], [], []
+        ids, logits, probs, prev_embeds = [], [], [], []
         for k in range(k_out):
             e = self._prev_embed(prev)
             logit = base[:, k]
@@ -323,11 +323,13 @@ class DSparkModel(nn.Module):
                 tok = torch.where(is_greedy[:, 0], tok, sampled)
                 p = torch.where(is_greedy, F.one_hot(tok, p.shape[-1]).to(p.dtype), p)
                 probs.append(p)
-            conf.append(self._confidence_logit(h[:, k], e))
+            prev_embeds.append(e)
             ids.append(tok)
             logits.append(logit)
             prev = tok
-        conf_logits = torch.stack(conf, dim=1) if self.config.use_confidence else None  # (R, k)
+        # c_k depends on x_{k-1} only, so every position is scored in one call after the loop
+        e_all = torch.stack(prev_embeds, dim=1) if self.has_prev_embedding else None  # (R, k, r)
+        conf_logits = self._confidence_logit(h, e_all)  # (R, k)
         return DraftBlock(draft_ids=torch.stack(ids, dim=1), logits=torch.stack(logits, dim=1),
                           probs=torch.stack(probs, dim=1) if is_sampled else None,
                           confidences=None if conf_logits is None else self.confidences(conf_logits))

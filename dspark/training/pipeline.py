@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 
+import torch
+
+from dspark.models.dspark import DSparkModel
+from dspark.models.dspark_config import DSparkConfig, default_target_layers
+from dspark.models.target import TargetModel, load_target
+from dspark.training.batches import SequencePool
 from dspark.training.pipeline_config import PipelineConfig
-from dspark.training.synth import SynthConfig, run_synthesis
+from dspark.training.synth import SynthConfig, load_records, run_synthesis
+from dspark.training.target_cache import CachedShard, build_cache
+from dspark.training.trainer import TrainConfig, train
+from dspark.training.vocab import build_draft_vocab, coverage_table, token_counts
 
 log = logging.getLogger(__name__)
 
-STAGES = ("synth",)
+STAGES = ("synth", "vocab", "cache", "train", "calibrate", "export")
 
 
 def data_dir(cfg: PipelineConfig) -> Path:
@@ -36,6 +47,137 @@ def stage_synth(cfg: PipelineConfig) -> dict:
         response_temperature=s.response_temperature, response_top_p=s.response_top_p, seed=s.seed), out)
     done.write_text(json.dumps({**report, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}))
     return report
+
+
+def split_records(cfg: PipelineConfig) -> tuple[list[dict], list[dict]]:
+    """Deduplicated records split into (train, held-out) by a stable hash of the prompt."""
+    records = load_records(data_dir(cfg))
+    if not records:
+        raise FileNotFoundError(f"no synthesized data under {data_dir(cfg)}: run the synth stage")
+    cut = int(cfg.train.heldout_fraction * 10_000)
+    held = [r for r in records if _bucket(r["prompt"]) < cut]
+    train = [r for r in records if _bucket(r["prompt"]) >= cut]
+    return train, held
+
+
+def _bucket(text: str) -> int:
+    return int(hashlib.sha256(text.encode()).hexdigest()[:8], 16) % 10_000
+
+
+def stage_vocab(cfg: PipelineConfig) -> dict:
+    path = cfg.work_dir / "vocab.json"
+    if path.exists():
+        return {"skipped": True, **{k: v for k, v in json.loads(path.read_text()).items() if k != "draft_to_target"}}
+    train, _ = split_records(cfg)
+    counts = token_counts(train)
+    eos = _target(cfg).eos_token_ids
+    vocab = build_draft_vocab(counts, cfg.model.draft_vocab_size, eos)
+    info = {"coverage": coverage_table(counts), "num_distinct": len(counts), "num_tokens": sum(counts.values()),
+            "draft_vocab_size": len(vocab)}
+    path.write_text(json.dumps({**info, "draft_to_target": vocab}))
+    return info
+
+
+def stage_cache(cfg: PipelineConfig) -> dict:
+    meta_path = cfg.work_dir / "cache" / "train" / "meta.json"
+    if meta_path.exists() and (cfg.work_dir / "cache" / "heldout" / "meta.json").exists():
+        return {"skipped": True, **json.loads(meta_path.read_text())}
+    train, held = split_records(cfg)
+    target, layers = _target(cfg), _layers(cfg)
+    out = {"train": build_cache(target, train, layers, cfg.work_dir / "cache" / "train",
+                                max_len=cfg.train.max_seq_len),
+           "heldout": build_cache(target, held, layers, cfg.work_dir / "cache" / "heldout",
+                                  max_len=cfg.train.max_seq_len)}
+    return out
+
+
+def _shards(cfg: PipelineConfig, split: str) -> list[CachedShard]:
+    return [CachedShard.load(p) for p in sorted((cfg.work_dir / "cache" / split).glob("cache-*.safetensors"))]
+
+
+def build_model(cfg: PipelineConfig) -> DSparkModel:
+    target = _target(cfg)
+    vocab = json.loads((cfg.work_dir / "vocab.json").read_text())["draft_to_target"]
+    m = cfg.model
+    dcfg = DSparkConfig.from_target(target.model.config, draft_vocab_size=len(vocab), num_layers=m.num_layers,
+                                    block_size=m.block_size, head_type=m.head_type, markov_rank=m.markov_rank,
+                                    use_confidence=m.use_confidence, target_layers=_layers(cfg))
+    model = DSparkModel(dcfg, torch.tensor(vocab))
+    model.attach_target(target.model.get_input_embeddings().weight.detach(),
+                        target.model.get_output_embeddings().weight.detach())
+    return model
+
+
+def stage_train(cfg: PipelineConfig) -> dict:
+    final = cfg.work_dir / "trained"
+    if (final / "config.json").exists():
+        return {"skipped": True}
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg)
+    pool = SequencePool(_shards(cfg, "train"))
+    t = cfg.train
+    tcfg = TrainConfig(num_steps=t.num_steps, batch_size=t.batch_size, num_anchors=t.num_anchors, lr=t.lr,
+                       warmup_steps=t.warmup_steps, weight_decay=t.weight_decay, grad_clip=t.grad_clip, seed=t.seed,
+                       checkpoint_every=t.checkpoint_every)
+    target = _target(cfg)
+    report = train(model, pool, target.model.model.norm.weight.detach(), target.model.config.rms_norm_eps, tcfg,
+                   cfg.work_dir / "train_state.pt")
+    model.save_pretrained(final)
+    return {"num_sequences": len(pool), **report}
+
+
+def stage_calibrate(cfg: PipelineConfig) -> dict:
+    """Fit STS on held-out prompts (T=1 rounds of real speculative decoding) and store the temperatures."""
+    from dspark.models.dspark_drafter import DSparkDrafter
+    from dspark.spec.calibration import fit_sts
+    from dspark.training.evaluate import calibration_report, run_rounds
+    from dspark.verify_service.engine import Engine, EngineConfig
+
+    src = cfg.work_dir / "trained"
+    done = cfg.work_dir / "calibration.json"
+    if done.exists():
+        return {"skipped": True, **json.loads(done.read_text())}
+    target = _target(cfg)
+    drafter = DSparkDrafter.from_pretrained(src, target)
+    gamma = drafter.model.config.block_size
+    _, held = split_records(cfg)
+    prompts = [r["prompt_ids"] for r in held][: cfg.train.num_calibration_prompts]
+    engine = Engine(EngineConfig(target=cfg.target, drafter="dspark", scheduler="fixed",
+                                 scheduler_kwargs={"k": gamma}, num_draft_tokens=gamma, max_num_seqs=8,
+                                 max_model_len=2048), target=target, drafter=drafter)
+    rounds = run_rounds(engine, prompts, 1.0, cfg.train.calibration_max_tokens, cfg.train.seed, 8)
+    logits, survived, valid = rounds.calibration_arrays(gamma)
+    temps = fit_sts(logits, survived, valid)
+    config = json.loads((src / "config.json").read_text())
+    config["sts_temperatures"] = temps
+    (src / "config.json").write_text(json.dumps(config, indent=2))
+    report = {"sts_temperatures": temps, "num_rounds": len(rounds.num_accepted), "tau_heldout": rounds.tau,
+              **calibration_report(rounds, gamma, temps)}
+    done.write_text(json.dumps(report))
+    return report
+
+
+def stage_export(cfg: PipelineConfig) -> dict:
+    src = cfg.work_dir / "trained"
+    out = cfg.output
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy2(src / name, out / name)
+    size_mb = sum(p.stat().st_size for p in out.iterdir()) / 2**20
+    return {"output": str(out), "size_mb": round(size_mb, 2)}
+
+
+_TARGETS: dict[str, TargetModel] = {}
+
+
+def _target(cfg: PipelineConfig) -> TargetModel:
+    if cfg.target not in _TARGETS:
+        _TARGETS[cfg.target] = load_target(cfg.target)
+    return _TARGETS[cfg.target]
+
+
+def _layers(cfg: PipelineConfig) -> list[int]:
+    return cfg.model.target_layers or default_target_layers(_target(cfg).model.config.num_hidden_layers)
 
 
 def run_pipeline(cfg: PipelineConfig, stages: tuple[str, ...] = STAGES) -> dict:

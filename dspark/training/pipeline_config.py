@@ -32,6 +32,32 @@ class EngineSection(_Strict):
     max_model_len: int = Field(1024, ge=64, description="Longest prompt + response.")
 
 
+class ModelSection(_Strict):
+    num_layers: int = Field(2, ge=1, description="Draft decoder layers.")
+    block_size: int = Field(7, ge=1, description="γ: draft block size.")
+    head_type: str = Field("markov", description="markov | rnn | none (DFlash).")
+    markov_rank: int = Field(256, ge=1, description="Rank r of W1·W2.")
+    use_confidence: bool = Field(True, description="Train the confidence head.")
+    target_layers: list[int] | None = Field(None, description="Tapped target layers; null: low/mid/high.")
+    draft_vocab_size: int = Field(8192, ge=16, description="N most frequent target tokens.")
+
+
+class TrainSection(_Strict):
+    num_steps: int = Field(600, ge=1, description="Optimizer steps.")
+    batch_size: int = Field(8, ge=1, description="Sequences per step.")
+    num_anchors: int = Field(16, ge=1, description="Blocks per sequence.")
+    lr: float = Field(6e-4, gt=0, description="Peak learning rate.")
+    warmup_steps: int = Field(40, ge=0, description="Linear warm-up steps.")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay.")
+    grad_clip: float = Field(1.0, gt=0, description="Gradient norm clip.")
+    seed: int = Field(0, description="Training seed.")
+    checkpoint_every: int = Field(50, ge=1, description="Steps between resumable checkpoints.")
+    heldout_fraction: float = Field(0.06, ge=0, lt=1, description="Held out for calibration/validation.")
+    max_seq_len: int = Field(768, ge=16, description="Sequences are cut here for the cache.")
+    num_calibration_prompts: int = Field(48, ge=1, description="Held-out prompts decoded to fit STS.")
+    calibration_max_tokens: int = Field(128, ge=8, description="Tokens per calibration prompt.")
+
+
 class PipelineConfig(_Strict):
     name: str = Field(..., description="Run name.")
     target: str = Field("smollm2-135m-instruct", description="Target model.")
@@ -39,6 +65,8 @@ class PipelineConfig(_Strict):
     output: Path = Field(..., description="Final drafter checkpoint folder.")
     synth: SynthSection = Field(default_factory=SynthSection)
     engine: EngineSection = Field(default_factory=EngineSection)
+    model: ModelSection = Field(default_factory=ModelSection)
+    train: TrainSection = Field(default_factory=TrainSection)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> PipelineConfig:

@@ -132,7 +132,7 @@ class Engine:
             t3 = time.perf_counter()
             outputs += self._commit(active, draft, lengths, accepted, next_tokens)
             self.stats.append(StepStats(len(active), sum(lengths) + len(active), lengths, accepted,
-                                        (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3))
+                                        (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, draft.confidences))
         self._release_finished()
         return outputs
 

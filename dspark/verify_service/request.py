@@ -94,3 +94,4 @@ class StepStats:
     draft_ms: float
     schedule_ms: float
     verify_ms: float
+    confidences: list[list[float]] | None = None  # per request, as the drafter reported them

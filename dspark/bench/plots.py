@@ -1,0 +1,63 @@
+"""PNG plots for evaluation reports (matplotlib, headless)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+
+from dspark.spec.calibration import apply_temperatures  # noqa: E402
+
+
+def plot_conditional_acceptance(report: dict, path: Path, title: str = "") -> Path:
+    """One panel per temperature: P(accept k | prefix accepted) by position, a line per dataset."""
+    runs = report["runs"]
+    fig, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 4), squeeze=False)
+    for ax, (temp, run) in zip(axes[0], runs.items()):
+        for name, ds in run["per_dataset"].items():
+            ys = ds["conditional_acceptance"]
+            xs = [k + 1 for k, y in enumerate(ys) if y is not None]
+            ax.plot(xs, [y for y in ys if y is not None], marker="o", label=f"{name} (τ={ds['tau']:.2f})")
+        ax.set_xlabel("draft position k")
+        ax.set_ylabel("P(accept k | 1..k-1 accepted)")
+        ax.set_ylim(0, 1)
+        ax.set_title(f"{title} T={temp}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_reliability(logits: torch.Tensor, survived: torch.Tensor, valid: torch.Tensor,
+                     temperatures: list[float] | None, path: Path, num_bins: int = 20) -> Path:
+    """Reliability diagram of prefix survival a_k (all positions pooled), before and after STS."""
+    gamma = logits.shape[1]
+    fig, ax = plt.subplots(figsize=(5, 5))
+    ax.plot([0, 1], [0, 1], color="grey", linestyle="--", label="perfect")
+    for tag, temps in (("before STS", [1.0] * gamma), ("after STS", temperatures)):
+        if temps is None:
+            continue
+        a = torch.cumprod(apply_temperatures(logits, temps), dim=1)[valid]
+        y = survived[valid]
+        idx = (a * num_bins).long().clamp(0, num_bins - 1)
+        xs, ys = [], []
+        for b in range(num_bins):
+            sel = idx == b
+            if int(sel.sum()) >= 5:
+                xs.append(float(a[sel].mean()))
+                ys.append(float(y[sel].mean()))
+        ax.plot(xs, ys, marker="o", label=tag)
+    ax.set_xlabel("predicted prefix survival a_k")
+    ax.set_ylabel("observed survival")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
