@@ -27,7 +27,10 @@ class ArmResult:
     tok_s: float
     tau: float  # tokens emitted per verification round (accepted + 1)
     mean_verify_len: float
+    draft_ms: float  # mean per step
+    verify_ms: float  # mean per step
     outputs: list[list[int]]
+    group_s: list[float]  # wall time of each batch_size group, in order
 
 
 def hf_generate_tok_s(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int,
@@ -54,17 +57,24 @@ def run_engine(engine: Engine, prompts: list[list[int]], batch_size: int, max_ne
     engine.generate([prompts[0][:8]], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
     engine.stats.clear()
     outs: list[list[int]] = []
+    group_s: list[float] = []
     t0 = time.perf_counter()
     for i in tqdm(range(0, len(prompts), batch_size), desc=f"engine b={batch_size}", leave=False):
+        tg = time.perf_counter()
         outs += [r.output_ids for r in engine.generate(prompts[i:i + batch_size], params)]
+        group_s.append(time.perf_counter() - tg)
     if engine.runner.device.type == "cuda":
         torch.cuda.synchronize()
     wall_s = time.perf_counter() - t0
     rounds = sum(s.num_requests for s in engine.stats)
     emitted = sum(sum(s.num_accepted) + s.num_requests for s in engine.stats)
     verified = sum(sum(s.lengths) for s in engine.stats)
+    num_steps = max(len(engine.stats), 1)
     return ArmResult(tok_s=sum(map(len, outs)) / wall_s, tau=emitted / max(rounds, 1),
-                     mean_verify_len=verified / max(rounds, 1), outputs=outs)
+                     mean_verify_len=verified / max(rounds, 1),
+                     draft_ms=sum(s.draft_ms for s in engine.stats) / num_steps,
+                     verify_ms=sum(s.verify_ms for s in engine.stats) / num_steps, outputs=outs,
+                     group_s=group_s)
 
 
 def bench_decode(target: TargetModel, drafters: list[str], batch_sizes: list[int], num_prompts: int,
@@ -98,7 +108,7 @@ def bench_decode(target: TargetModel, drafters: list[str], batch_sizes: list[int
         cfg = EngineConfig(target=target.name, drafter="none", scheduler="fixed", num_draft_tokens=0,
                            max_num_seqs=bs, max_model_len=max_len)
         base = run_engine(Engine(cfg, target=target, drafter=None), arm_prompts, bs, max_new_tokens)
-        block: dict = {"target_only_tok_s": base.tok_s, "drafters": {}}
+        block: dict = {"target_only_tok_s": base.tok_s, "target_only_step_ms": base.verify_ms, "drafters": {}}
         if bs == 1 and "fp32" in hf:
             block["target_only_vs_hf_same_dtype"] = base.tok_s / hf.get(_dtype_key(target.dtype), hf["fp32"])
         for name in drafters:
@@ -112,11 +122,16 @@ def bench_decode(target: TargetModel, drafters: list[str], batch_sizes: list[int
                                max_num_seqs=bs, max_model_len=max_len,
                                scheduler_kwargs={"k": num_draft_tokens} if sched == "fixed" else {})
             arm = run_engine(Engine(cfg, target=target, drafter=drafter), arm_prompts, bs, max_new_tokens)
+            if bs == 1:
+                by_domain = _per_domain(picked[:len(arm_prompts)], base, arm)
             block["drafters"][name] = {
+                **({"per_domain": by_domain} if bs == 1 else {}),
                 "spec_tok_s": arm.tok_s, "tau": arm.tau, "mean_verify_len": arm.mean_verify_len,
                 "speedup_vs_target_only": arm.tok_s / base.tok_s,
                 "speedup_vs_hf": arm.tok_s / best_hf if best_hf else None,
                 "scheduler": sched,
+                "draft_ms_per_step": arm.draft_ms, "verify_ms_per_step": arm.verify_ms,
+                "draft_over_verify": arm.draft_ms / arm.verify_ms if arm.verify_ms else None,
                 "greedy_identical_to_target_only": arm.outputs == base.outputs,
             }
         result[f"batch{bs}"] = block
@@ -125,6 +140,20 @@ def bench_decode(target: TargetModel, drafters: list[str], batch_sizes: list[int
         result["batch_scaling_target_only"] = {f"batch{b}_over_batch1": result[f"batch{b}"]["target_only_tok_s"] / b1
                                                for b in batch_sizes if b != 1}
     return result
+
+
+def _per_domain(picked: list[tuple[str, list[int]]], base: ArmResult, arm: ArmResult) -> dict:
+    """Batch-1 tokens/s per domain (math, code, chat), target-only vs this arm."""
+    from dspark.bench.prompts import DOMAINS
+
+    out: dict = {}
+    for dom in sorted({DOMAINS[d] for d, _ in picked}):
+        idx = [i for i, (d, _) in enumerate(picked) if DOMAINS[d] == dom]
+        toks = sum(len(arm.outputs[i]) for i in idx)
+        spec = toks / sum(arm.group_s[i] for i in idx)
+        tgt = sum(len(base.outputs[i]) for i in idx) / sum(base.group_s[i] for i in idx)
+        out[dom] = {"spec_tok_s": spec, "target_only_tok_s": tgt, "speedup_vs_target_only": spec / tgt}
+    return out
 
 
 def _dtype_key(dtype: torch.dtype) -> str:
