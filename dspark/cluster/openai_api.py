@@ -220,6 +220,15 @@ def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str) -> 
             raise ApiError(404, f"model {body_model!r} is not served here; use {model_name!r}",
                            param="model", code="model_not_found")
 
+    async def begin(body: Any, encode: Any) -> tuple[list[int], TextStream, Any, RequestOutput]:
+        """Validate the model name, encode, submit, and wait for the first output (errors → 4xx)."""
+        check_model(body.model)
+        engine = get_engine()
+        prompt_ids = encode(engine.tokenizer, body)
+        stream = TextStream(engine.tokenizer, body.stop_list())
+        gen, first = await _start(engine, prompt_ids, body.sampling_params())
+        return prompt_ids, stream, gen, first
+
     @app.get("/health")
     async def health() -> dict[str, str]:
         if not get_engine().is_alive:
@@ -232,11 +241,7 @@ def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str) -> 
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest) -> CompletionResponse | StreamingResponse:
-        check_model(body.model)
-        engine = get_engine()
-        prompt_ids = _encode_prompt(engine.tokenizer, body)
-        stream = TextStream(engine.tokenizer, body.stop_list())
-        gen, first = await _start(engine, prompt_ids, body.sampling_params())
+        prompt_ids, stream, gen, first = await begin(body, _encode_prompt)
         rid, created = new_id("cmpl"), int(time.time())
 
         def chunk(text: str, is_last: bool) -> str:
@@ -257,11 +262,7 @@ def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str) -> 
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest) -> ChatCompletionResponse | StreamingResponse:
-        check_model(body.model)
-        engine = get_engine()
-        prompt_ids = _encode_chat(engine.tokenizer, body)
-        stream = TextStream(engine.tokenizer, body.stop_list())
-        gen, first = await _start(engine, prompt_ids, body.sampling_params())
+        prompt_ids, stream, gen, first = await begin(body, _encode_chat)
         rid, created = new_id("chatcmpl"), int(time.time())
         is_first = [True]
 
