@@ -45,7 +45,12 @@ def test_one_target_forward_per_step(tiny_target, monkeypatch):
     engine = _engine(tiny_target, "greedy", max_num_seqs=4)
     calls = []
     real = engine.runner.forward
-    monkeypatch.setattr(engine.runner, "forward", lambda chunks, *a, **kw: calls.append(len(chunks)) or real(chunks, *a, **kw))
+
+    def counting_forward(chunks, *args, **kwargs):  # the real forward, counted
+        calls.append(len(chunks))
+        return real(chunks, *args, **kwargs)
+
+    monkeypatch.setattr(engine.runner, "forward", counting_forward)
     prompts = tiny_prompts(tiny_target.model.config.vocab_size)[:4]
     engine.add_request(prompts[0], SamplingParams(max_tokens=10, ignore_eos=True))
     engine.step()  # prefill of request 0 + its first verify step
