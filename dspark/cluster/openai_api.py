@@ -251,14 +251,10 @@ def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str) -> 
                                 dspark=stream.spec_stats() if is_last else None)
             return f"data: {c.model_dump_json()}\n\n"
 
-        if body.stream:
-            return StreamingResponse(_sse(first, gen, stream, chunk), media_type="text/event-stream",
-                                     headers=SSE_HEADERS)
-        await _drain(first, gen, stream)
-        return CompletionResponse(id=rid, created=created, model=model_name,
-                                  choices=[CompletionChoice(text=stream.delta(),
-                                                            finish_reason=stream.finish_reason)],
-                                  usage=stream.usage(len(prompt_ids)), dspark=stream.spec_stats())
+        return await _respond(body.stream, first, gen, stream, chunk, lambda: CompletionResponse(
+            id=rid, created=created, model=model_name,
+            choices=[CompletionChoice(text=stream.delta(), finish_reason=stream.finish_reason)],
+            usage=stream.usage(len(prompt_ids)), dspark=stream.spec_stats()))
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest) -> ChatCompletionResponse | StreamingResponse:
@@ -275,16 +271,23 @@ def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str) -> 
                                     dspark=stream.spec_stats() if is_last else None)
             return f"data: {c.model_dump_json()}\n\n"
 
-        if body.stream:
-            return StreamingResponse(_sse(first, gen, stream, chunk), media_type="text/event-stream",
-                                     headers=SSE_HEADERS)
-        await _drain(first, gen, stream)
-        message = ChatResponseMessage(content=stream.delta())
-        return ChatCompletionResponse(id=rid, created=created, model=model_name, choices=[
-                                          ChatChoice(message=message, finish_reason=stream.finish_reason)],
-                                      usage=stream.usage(len(prompt_ids)), dspark=stream.spec_stats())
+        return await _respond(body.stream, first, gen, stream, chunk, lambda: ChatCompletionResponse(
+            id=rid, created=created, model=model_name,
+            choices=[ChatChoice(message=ChatResponseMessage(content=stream.delta()),
+                                finish_reason=stream.finish_reason)],
+            usage=stream.usage(len(prompt_ids)), dspark=stream.spec_stats()))
 
     return app
+
+
+async def _respond(is_stream: bool, first: RequestOutput, gen: AsyncIterator[RequestOutput], stream: TextStream,
+                   chunk: Callable[[str, bool], str], full: Callable[[], Any]) -> Any:
+    """SSE of `chunk`s when streaming; otherwise run the request to the end and build `full()`."""
+    if is_stream:
+        return StreamingResponse(_sse(first, gen, stream, chunk), media_type="text/event-stream",
+                                 headers=SSE_HEADERS)
+    await _drain(first, gen, stream)
+    return full()
 
 
 async def _drain(first: RequestOutput, gen: AsyncIterator[RequestOutput], stream: TextStream) -> None:
