@@ -298,3 +298,34 @@ def test_engine_with_random_dspark_drafter_matches_target_only_greedy(tiny_targe
     sampled = engine.generate(prompts[:3], SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.8, seed=1))
     assert all(len(r.output_ids) == 24 for r in sampled)
     assert sum(r.num_verified for r in sampled) > 0
+
+
+def test_init_from_target_copies_the_top_layers_and_passes_the_top_feature_through(tiny_target):
+    hf_cfg = tiny_target.model.config
+    cfg = DSparkConfig.from_target(hf_cfg, NUM_DRAFT_VOCAB, block_size=GAMMA, num_layers=2)
+    model = DSparkModel(cfg, draft_vocab(hf_cfg.vocab_size))
+    copied = model.init_from_target(tiny_target.model)
+    layers = tiny_target.model.model.layers
+    assert copied == [len(layers) - 2, len(layers) - 1]
+    top = layers[-1]
+    d = cfg.hidden_size
+    assert torch.equal(model.layers[1].qkv_proj.weight[:top.self_attn.q_proj.weight.shape[0]],
+                       top.self_attn.q_proj.weight)
+    assert torch.equal(model.layers[1].down_proj.weight, top.mlp.down_proj.weight)
+    assert torch.equal(model.layers[0].post_norm.weight, layers[-2].post_attention_layernorm.weight)
+    assert torch.equal(model.context_norm.weight, layers[-2].input_layernorm.weight)
+    # fc ≈ identity on the highest tapped feature, small on the others
+    assert torch.allclose(model.fc.weight[:, -d:], torch.eye(d), atol=0.05)
+    assert model.fc.weight[:, :-d].abs().max() < 0.05
+    model.attach_target(tiny_target.model.get_input_embeddings().weight,
+                        tiny_target.model.get_output_embeddings().weight)
+    features, token_ids = random_batch(model, 2, 24)
+    out = model.forward_train(features, token_ids, torch.tensor([[3, 10], [5, 12]]))
+    assert torch.isfinite(out.logits).all()
+
+
+def test_init_from_target_rejects_a_target_of_another_shape(tiny_target):
+    cfg = DSparkConfig.from_target(tiny_target.model.config, NUM_DRAFT_VOCAB, intermediate_size=96)
+    model = DSparkModel(cfg, draft_vocab(tiny_target.model.config.vocab_size))
+    with pytest.raises(ValueError, match="shape"):
+        model.init_from_target(tiny_target.model)

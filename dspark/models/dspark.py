@@ -128,6 +128,38 @@ class DSparkModel(nn.Module):
         if self.has_prev_embedding:
             nn.init.zeros_(self.transition)  # B = 0: training starts from the parallel model
 
+    @torch.no_grad()
+    def init_from_target(self, target_model: nn.Module) -> list[int]:
+        """Start from the target's top decoder layers instead of random weights (HF Llama layout).
+
+        Draft layer i copies target layer L - num_layers + i (norms, attention, MLP) and the final norm;
+        `fc` starts by passing the highest tapped feature through, with the first copied layer's input norm
+        as `context_norm`, so the context keys/values begin as that layer computes them. Returns the
+        target layer indices copied.
+        """
+        layers = target_model.model.layers
+        cfg = self.config
+        if len(layers) < cfg.num_layers:
+            raise ValueError(f"target has {len(layers)} layers, the drafter wants {cfg.num_layers}")
+        first = len(layers) - cfg.num_layers
+        for mine, theirs in zip(self.layers, layers[first:]):
+            att, mlp = theirs.self_attn, theirs.mlp
+            qkv = torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight])
+            gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+            for dst, src in ((mine.qkv_proj.weight, qkv), (mine.o_proj.weight, att.o_proj.weight),
+                             (mine.gate_up_proj.weight, gate_up), (mine.down_proj.weight, mlp.down_proj.weight),
+                             (mine.input_norm.weight, theirs.input_layernorm.weight),
+                             (mine.post_norm.weight, theirs.post_attention_layernorm.weight)):
+                if dst.shape != src.shape:
+                    raise ValueError(f"target layer shape {tuple(src.shape)} != draft {tuple(dst.shape)}")
+                dst.copy_(src)
+        self.norm.weight.copy_(target_model.model.norm.weight)
+        self.context_norm.weight.copy_(layers[first].input_layernorm.weight)
+        d = cfg.hidden_size
+        self.fc.weight.mul_(0.1)
+        self.fc.weight[:, -d:] += torch.eye(d, dtype=self.fc.weight.dtype)
+        return list(range(first, len(layers)))
+
     # ---- vocabulary and frozen target weights ------------------------------------------------------
     def set_draft_vocab(self, draft_to_target: torch.Tensor) -> None:
         """Choose the N target tokens the drafter can propose (distinct ids in [0, V_t))."""

@@ -103,6 +103,8 @@ def build_model(cfg: PipelineConfig) -> DSparkModel:
                                     block_size=m.block_size, head_type=m.head_type, markov_rank=m.markov_rank,
                                     use_confidence=m.use_confidence, target_layers=_layers(cfg))
     model = DSparkModel(dcfg, torch.tensor(vocab))
+    if m.init_from_target:
+        log.info("draft layers initialised from target layers %s", model.init_from_target(target.model))
     model.attach_target(target.model.get_input_embeddings().weight.detach(),
                         target.model.get_output_embeddings().weight.detach())
     return model

@@ -40,6 +40,7 @@ class ModelSection(_Strict):
     use_confidence: bool = Field(True, description="Train the confidence head.")
     target_layers: list[int] | None = Field(None, description="Tapped target layers; null: low/mid/high.")
     draft_vocab_size: int = Field(8192, ge=16, description="N most frequent target tokens.")
+    init_from_target: bool = Field(False, description="Start the draft layers from the target's top layers.")
 
 
 class TrainSection(_Strict):
