@@ -210,6 +210,77 @@ def bench_batching_cmd(target: str = TARGET, device: str = DEVICE, dtype: str | 
     _emit(bench_batching(load_target(target, device, dtype)), out)
 
 
+@bench_app.command("serve")
+def bench_serve_cmd(
+    arms: str = typer.Option("no-spec,fixed-k,scheduled", help="Comma-separated arms to run, in order. Built in: "
+                             "no-spec (drafter none), fixed-k (--drafter, fixed k=γ), scheduled (--drafter, "
+                             "greedy = Algorithm 1), colocated / decoupled (scheduled in that mode). '' for none."),
+    arm_config: Path | None = typer.Option(None, help="YAML mapping arm name -> ServeAppConfig overrides; its "
+                                           "arms run after --arms (a built-in name is replaced)."),
+    target: str = TARGET, device: str = DEVICE,
+    drafter: str = typer.Option("dspark", help="Drafter of the speculative built-in arms."),
+    num_draft_tokens: int = typer.Option(7, min=1, help="γ of the speculative built-in arms."),
+    concurrency: str = typer.Option("1,2,4,8,16,32", help="Concurrency levels (requests in flight)."),
+    num_requests: int | None = typer.Option(None, min=1, help="Requests per level (default max(2C, 8); at least C)."),
+    max_tokens: int = typer.Option(64, min=1, help="Output tokens per request (EOS ignored)."),
+    temperature: float = typer.Option(0.0, min=0.0),
+    seed: int = typer.Option(0, help="Request i sends seed + i."),
+    num_warmup: int = typer.Option(2, min=0, help="Uncounted warm-up requests before each level."),
+    max_num_seqs: int | None = typer.Option(None, min=1, help="Server batch cap (default: highest level)."),
+    set_: list[str] = typer.Option([], "--set", help="KEY=VALUE ServeAppConfig override for every arm "
+                                   "(YAML value, e.g. --set num_cpus_per_replica=2); arm values win."),
+    peer_url: str | None = typer.Option(None, help="Running OpenAI-compatible server (e.g. vLLM) to load "
+                                        "as the extra arm 'peer', e.g. http://host:8000."),
+    peer_model: str | None = typer.Option(None, help="`model` sent to --peer-url."),
+    timeout_s: float = typer.Option(600.0, min=1.0, help="Per-request timeout."),
+    keep_requests: bool = typer.Option(False, help="Keep per-request records in the JSON."),
+    out: Path | None = typer.Option(None, help="Also write the JSON here."),
+    plot_dir: Path | None = typer.Option(None, help="Write throughput-vs-TPS/user and verify-length PNGs here."),
+) -> None:
+    """OpenAI HTTP load (streamed, closed loop) against Ray Serve arms, swept over concurrency; JSON last."""
+    import yaml
+
+    from dspark.bench.load import LoadConfig
+    from dspark.bench.plots import plot_serve_throughput_vs_tps_user, plot_serve_verify_len
+    from dspark.bench.serve_bench import ServeBenchConfig, builtin_arms, load_arm_config, run_serve_bench
+
+    try:
+        levels = [int(c) for c in concurrency.split(",") if c.strip()]
+        if not levels or min(levels) < 1:
+            raise ValueError(f"--concurrency needs positive integers, got {concurrency!r}")
+        known = builtin_arms(drafter, num_draft_tokens)
+        chosen = [a.strip() for a in arms.split(",") if a.strip()]
+        unknown = [a for a in chosen if a not in known]
+        if unknown:
+            raise ValueError(f"unknown arms {unknown}; built in: {list(known)} (custom ones: --arm-config)")
+        arm_map = {a: known[a] for a in chosen}
+        if arm_config:
+            arm_map.update(load_arm_config(arm_config))
+        if not arm_map and not peer_url:
+            raise ValueError("nothing to run: no arms and no --peer-url")
+        base: dict = {"target": target, "device": device, "max_num_seqs": max_num_seqs or max(levels)}
+        if device.startswith("cuda"):
+            base["num_gpus_per_replica"] = 1
+        for item in set_:
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+            base[key.strip()] = yaml.safe_load(value)
+        load = LoadConfig(base_url="", max_tokens=max_tokens, temperature=temperature, seed=seed,
+                          num_requests=num_requests, num_warmup=num_warmup, timeout_s=timeout_s)
+        cfg = ServeBenchConfig(arms=arm_map, base=base, concurrency=levels, load=load, peer_url=peer_url,
+                               peer_model=peer_model, keep_requests=keep_requests)
+        res = run_serve_bench(cfg)
+    except (ValueError, FileNotFoundError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    if plot_dir:
+        plot_dir.mkdir(parents=True, exist_ok=True)
+        res["plots"] = [str(plot_serve_throughput_vs_tps_user(res, plot_dir / "serve_throughput_vs_tps_user.png")),
+                        str(plot_serve_verify_len(res, plot_dir / "serve_verify_len.png"))]
+    _emit(res, out)
+
+
 def _emit(res: dict, out: Path | None) -> None:
     line = json.dumps(res)
     if out:

@@ -61,3 +61,50 @@ def plot_reliability(logits: torch.Tensor, survived: torch.Tensor, valid: torch.
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _serve_levels(result: dict) -> dict[str, list[dict]]:
+    """Each arm's levels (arms that failed to start have none)."""
+    return {arm: a.get("levels") or [] for arm, a in result["arms"].items()}
+
+
+def plot_serve_throughput_vs_tps_user(result: dict, path: Path) -> Path:
+    """Output throughput vs per-user decode speed, a line per arm, points labelled by concurrency."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for arm, levels in _serve_levels(result).items():
+        pts = [(lv["tps_user_median"], lv["output_throughput_tok_s"], lv["concurrency"]) for lv in levels
+               if lv.get("tps_user_median") is not None]
+        if not pts:
+            continue
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=arm)
+        for x, y, c in pts:
+            ax.annotate(f"C={c}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.set_xlabel("TPS/user (tokens/s per request, median)")
+    ax.set_ylabel("output throughput (tokens/s)")
+    ax.set_title(f"throughput vs TPS/user ({result.get('max_tokens', '?')} output tokens)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_serve_verify_len(result: dict, path: Path) -> Path:
+    """Mean verification length per request and step vs concurrency (log2 axis), a line per spec arm."""
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for arm, levels in _serve_levels(result).items():
+        pts = [(lv["concurrency"], lv["mean_verify_len"]) for lv in levels if lv.get("mean_verify_len")]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=arm)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency (requests in flight)")
+    ax.set_ylabel("mean verification length (draft tokens / request / step)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

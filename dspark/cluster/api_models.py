@@ -107,6 +107,8 @@ class SpecStats(BaseModel):
 
     num_steps: int = Field(..., description="Engine steps that gave this request tokens (prefill counts).")
     mean_tokens_per_step: float = Field(..., description="completion_tokens / num_steps.")
+    num_verified: int = Field(0, description="Draft tokens sent to verification for this request.")
+    num_accepted: int = Field(0, description="Of those, tokens accepted.")
 
 
 def _created() -> int:

@@ -120,6 +120,8 @@ class TextStream:
     stops: list[str]
     token_ids: list[int] = field(default_factory=list)
     num_steps: int = 0
+    num_verified: int = 0
+    num_accepted: int = 0
     num_sent_chars: int = 0
     is_stopped: bool = False
     finish_reason: str | None = None
@@ -128,6 +130,7 @@ class TextStream:
         # new_token_ids is the step's own list; output_ids aliases the engine's live list
         self.token_ids += out.new_token_ids
         self.num_steps += bool(out.new_token_ids)
+        self.num_verified, self.num_accepted = out.num_verified, out.num_accepted
         if out.is_finished:
             self.finish_reason = out.finish_reason.value if out.finish_reason else "stop"
 
@@ -167,7 +170,8 @@ class TextStream:
 
     def spec_stats(self) -> SpecStats:
         return SpecStats(num_steps=self.num_steps,
-                         mean_tokens_per_step=len(self.token_ids) / max(self.num_steps, 1))
+                         mean_tokens_per_step=len(self.token_ids) / max(self.num_steps, 1),
+                         num_verified=self.num_verified, num_accepted=self.num_accepted)
 
 
 async def _start(engine: GenerateEngine, prompt_ids: list[int], params: SamplingParams

@@ -217,16 +217,16 @@ class Engine:
         if req.is_finished:
             req.finish_s = time.perf_counter()
         return RequestOutput(req.request_id, kept, list(req.output_ids), req.is_finished,
-                             req.finish_reason, len(req.prompt_ids))
+                             req.finish_reason, len(req.prompt_ids), req.num_verified, req.num_accepted)
 
     def _reap_aborted(self) -> list[RequestOutput]:
         outputs = []
         for req in [r for r in self.waiting if r.is_finished]:
             self.waiting.remove(req)
             outputs.append(RequestOutput(req.request_id, [], req.output_ids, True, req.finish_reason,
-                                         len(req.prompt_ids)))
+                                         len(req.prompt_ids), req.num_verified, req.num_accepted))
         outputs += [RequestOutput(r.request_id, [], r.output_ids, True, r.finish_reason,
-                                  len(r.prompt_ids)) for r in self.running if r.is_finished
+                                  len(r.prompt_ids), r.num_verified, r.num_accepted) for r in self.running if r.is_finished
                     and r.finish_reason == FinishReason.ABORT]
         self._release_finished()
         return outputs

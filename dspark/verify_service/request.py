@@ -47,6 +47,7 @@ class Request:
     generator: torch.Generator | None
     output_ids: list[int] = field(default_factory=list)
     slot: int = -1
+    micro_batch: int = 0  # which ping-pong half of the batch it steps with (pipelined engine)
     num_cached: int = 0  # tokens of prompt+output whose K/V are in the cache (all but the last)
     finish_reason: FinishReason | None = None
     stop_text_len: int | None = None  # text is cut here when a stop string matched
@@ -81,6 +82,8 @@ class RequestOutput:
     is_finished: bool
     finish_reason: FinishReason | None
     num_prompt_tokens: int
+    num_verified: int = 0  # draft tokens verified for this request so far
+    num_accepted: int = 0  # of which accepted
 
 
 @dataclass

@@ -1,0 +1,176 @@
+"""Message transport between a paired verify worker and draft worker.
+
+A message is a dict of plain Python values and torch tensors (at any nesting depth). Two channels:
+
+- `GlooChannel`: `torch.distributed` point-to-point over a process group built for THIS pair only
+  (`ProcessGroupGloo` on its own TCPStore; NCCL on GPUs), so pairs can be rebuilt when pools change
+  without touching a global default group. A message goes as a fixed-size header, the pickled
+  skeleton, then each tensor's raw bytes. Sends are asynchronous and never waited for in line
+  (their buffers are kept until done): gloo completes a send only when the peer posts the matching
+  receive, and the ping-pong keeps a message in flight each way, so waiting at once would deadlock.
+- `RayChannel` (fallback, and the baseline it is measured against): the same messages as actor-call
+  arguments and return values through Ray's object store.
+"""
+
+from __future__ import annotations
+
+import pickle
+import socket
+from collections import deque
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+_HEADER_TAG, _SKELETON_TAG, _TENSOR_TAG = 1, 2, 3
+_HEADER_LEN = 2  # (skeleton bytes, number of tensors)
+
+
+@dataclass(frozen=True)
+class _TensorSlot:
+    index: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+
+def pack(message: Any) -> tuple[Any, list[torch.Tensor]]:
+    """Replace every tensor by a slot; returns (skeleton, tensors in slot order)."""
+    tensors: list[torch.Tensor] = []
+
+    def walk(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            tensors.append(x.detach().contiguous())
+            return _TensorSlot(len(tensors) - 1, x.dtype, tuple(x.shape))
+        if isinstance(x, dict):
+            return {k: walk(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return type(x)(walk(v) for v in x)
+        return x
+
+    return walk(message), tensors
+
+
+def unpack(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
+    if isinstance(skeleton, _TensorSlot):
+        return tensors[skeleton.index]
+    if isinstance(skeleton, dict):
+        return {k: unpack(v, tensors) for k, v in skeleton.items()}
+    if isinstance(skeleton, (list, tuple)):
+        return type(skeleton)(unpack(v, tensors) for v in skeleton)
+    return skeleton
+
+
+def tensor_slots(skeleton: Any) -> list[_TensorSlot]:
+    found: list[_TensorSlot] = []
+
+    def walk(x: Any) -> None:
+        if isinstance(x, _TensorSlot):
+            found.append(x)
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v)
+
+    walk(skeleton)
+    return sorted(found, key=lambda s: s.index)
+
+
+class Channel(Protocol):
+    def send(self, message: Any) -> None: ...
+
+    def recv(self) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def node_ip() -> str:
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    except Exception:  # noqa: BLE001 - outside Ray: loopback
+        return "127.0.0.1"
+
+
+class GlooChannel:
+    """One end of a two-rank process group (rank 0 hosts the store). Not thread-safe: one sender, one receiver."""
+
+    def __init__(self, host: str, port: int, rank: int, timeout_s: float = 120.0) -> None:
+        if rank not in (0, 1):
+            raise ValueError("a channel has ranks 0 and 1")
+        timeout = timedelta(seconds=timeout_s)
+        self.store = dist.TCPStore(host, port, 2, rank == 0, timeout=timeout)
+        self.group = dist.ProcessGroupGloo(self.store, rank, 2, timeout)  # blocks until the peer joins
+        self.rank, self.peer = rank, 1 - rank
+        self._pending_sends: list[tuple[Any, list[torch.Tensor]]] = []  # (work, buffers kept alive)
+        self.num_bytes_sent = 0
+
+    def send(self, message: Any) -> None:
+        self._reap_sends()
+        skeleton, tensors = pack(message)
+        blob = torch.frombuffer(bytearray(pickle.dumps(skeleton)), dtype=torch.uint8)
+        header = torch.tensor([blob.numel(), len(tensors)], dtype=torch.int64)
+        parts = [(header, _HEADER_TAG), (blob, _SKELETON_TAG)] + [(t, _TENSOR_TAG) for t in tensors if t.numel()]
+        for tensor, tag in parts:
+            self._pending_sends.append((self.group.send([tensor], self.peer, tag), [tensor]))
+            self.num_bytes_sent += tensor.numel() * tensor.element_size()
+
+    def recv(self) -> Any:
+        header = torch.empty(_HEADER_LEN, dtype=torch.int64)
+        self.group.recv([header], self.peer, _HEADER_TAG).wait()
+        num_bytes, _ = header.tolist()
+        blob = torch.empty(num_bytes, dtype=torch.uint8)
+        self.group.recv([blob], self.peer, _SKELETON_TAG).wait()
+        skeleton = pickle.loads(blob.numpy().tobytes())
+        tensors = []
+        for slot in tensor_slots(skeleton):
+            t = torch.empty(slot.shape, dtype=slot.dtype)
+            if t.numel():
+                self.group.recv([t], self.peer, _TENSOR_TAG).wait()
+            tensors.append(t)
+        self._reap_sends()
+        return unpack(skeleton, tensors)
+
+    def _reap_sends(self) -> None:
+        """Drop finished sends; the newest message's sends may still wait for the peer's next receive."""
+        self._pending_sends = [(w, b) for w, b in self._pending_sends if not w.is_completed()]
+
+    def flush(self) -> None:
+        """Wait until every message sent so far was received by the peer."""
+        for work, _ in self._pending_sends:
+            work.wait()
+        self._pending_sends = []
+
+    def close(self) -> None:
+        self._pending_sends = []
+        self.group = None  # type: ignore[assignment]
+        self.store = None  # type: ignore[assignment]
+
+
+class RayChannel:
+    """The fallback: requests ride actor calls; replies are ObjectRefs collected in order."""
+
+    def __init__(self, actor: Any, method: str = "handle") -> None:
+        self.actor, self.method = actor, method
+        self._replies: deque = deque()
+
+    def send(self, message: Any) -> None:
+        self._replies.append(getattr(self.actor, self.method).remote(message))
+
+    def recv(self) -> Any:
+        import ray
+
+        return ray.get(self._replies.popleft())
+
+    def close(self) -> None:
+        self._replies.clear()

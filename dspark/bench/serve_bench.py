@@ -1,0 +1,267 @@
+"""`dspark bench serve`: the same closed-loop load against several server arms, side by side in one run.
+
+An arm is a dict of ServeAppConfig overrides (so arms keep working as fields are added); each is started
+as a Ray Serve app on one HTTP port, swept over the concurrency levels, and deleted before the next.
+An already running OpenAI-compatible server (e.g. vLLM) can join as the extra arm "peer". The summary
+gives throughput ratios per level against `no-spec` and `fixed-k` and a few pass/fail flags.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from tqdm import tqdm
+
+from dspark.bench.load import (
+    LoadConfig,
+    Messages,
+    fetch_server_stats,
+    num_requests_for,
+    run_level_sync,
+    summarize_level,
+)
+from dspark.bench.prompts import DOMAINS, load_turns
+
+APP_NAME = "dspark-bench"
+PEER_ARM = "peer"
+BUILTIN_ARM_NAMES = ("no-spec", "fixed-k", "scheduled", "colocated", "decoupled")
+
+
+def builtin_arms(drafter: str, num_draft_tokens: int) -> dict[str, dict[str, Any]]:
+    """The named arms: ServeAppConfig overrides on top of the common base."""
+    scheduled = {"drafter": drafter, "scheduler": "greedy", "num_draft_tokens": num_draft_tokens}
+    return {
+        "no-spec": {"drafter": "none", "scheduler": "fixed", "num_draft_tokens": 0},
+        "fixed-k": {"drafter": drafter, "scheduler": "fixed", "scheduler_kwargs": {"k": num_draft_tokens},
+                    "num_draft_tokens": num_draft_tokens},
+        "scheduled": scheduled,  # Algorithm 1
+        "colocated": {**scheduled, "mode": "colocated"},
+        "decoupled": {**scheduled, "mode": "decoupled"},
+    }
+
+
+def load_arm_config(path: Path) -> dict[str, dict[str, Any]]:
+    """A YAML mapping arm name → ServeAppConfig overrides."""
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise ValueError(f"{path}: expected a mapping of arm name -> mapping of ServeAppConfig overrides")
+    return {str(k): dict(v) for k, v in data.items()}
+
+
+@dataclass
+class ServeBenchConfig:
+    arms: dict[str, dict[str, Any]]  # name → overrides, in run order
+    base: dict[str, Any] = field(default_factory=dict)  # overrides common to all arms (arm values win)
+    concurrency: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
+    load: LoadConfig = field(default_factory=lambda: LoadConfig(base_url=""))
+    peer_url: str | None = None
+    peer_model: str | None = None
+    prompts: list[Messages] | None = None  # None: domain-mixed turns from the shared eval sets
+    datasets: tuple[str, ...] = tuple(DOMAINS)
+    max_prompt_chars: int = 2000
+    keep_requests: bool = False
+    health_timeout_s: float = 600.0
+    host: str = "127.0.0.1"
+    port: int | None = None  # None: a free one
+
+
+def arm_args(config: ServeBenchConfig, name: str) -> dict[str, Any]:
+    return {**config.base, **config.arms[name]}
+
+
+def validate_arms(config: ServeBenchConfig) -> None:
+    """Fail before starting anything if an arm's merged args are not a valid ServeAppConfig."""
+    from dspark.cluster.app import ServeAppConfig
+
+    for name in config.arms:
+        try:
+            ServeAppConfig.model_validate(arm_args(config, name))
+        except ValueError as exc:
+            raise ValueError(f"arm {name!r}: {exc}") from exc
+
+
+def mixed_chat_prompts(num_prompts: int, datasets: tuple[str, ...], max_prompt_chars: int) -> list[Messages]:
+    """Round-robin over the eval sets (first turns, in file order), so every level sees every domain."""
+    per = -(-num_prompts // len(datasets)) + 4
+    pools = [[t for t in load_turns(d, per) if len(t) <= max_prompt_chars] for d in datasets]
+    out: list[Messages] = []
+    for k in range(max(map(len, pools))):
+        out += [[{"role": "user", "content": pool[k]}] for pool in pools if k < len(pool)]
+    if not out:
+        raise ValueError(f"no prompts of at most {max_prompt_chars} characters in {datasets}")
+    return out[:num_prompts]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_healthy(base_url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{base_url}/health", timeout=10).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{base_url}/health did not answer 200 within {timeout_s:.0f} s")
+
+
+def sweep(config: ServeBenchConfig, load: LoadConfig, prompts: list[Messages], bar: tqdm) -> list[dict]:
+    levels = []
+    for c in config.concurrency:
+        bar.set_postfix_str(f"C={c}")
+        level = summarize_level(run_level_sync(load, prompts, c), load.max_tokens, config.keep_requests)
+        stats = fetch_server_stats(load.base_url)
+        if stats is not None:
+            level["server_stats"] = stats
+        levels.append(level)
+        bar.update(1)
+    return levels
+
+
+def run_serve_bench(config: ServeBenchConfig) -> dict:
+    """Run every arm (and the peer) over every level; returns the JSON-ready result with its summary."""
+    validate_arms(config)
+    num_prompts = max(num_requests_for(config.load, c) for c in config.concurrency) + config.load.num_warmup
+    prompts = config.prompts or mixed_chat_prompts(num_prompts, config.datasets, config.max_prompt_chars)
+    result: dict[str, Any] = {
+        "bench": "serve", "concurrency": list(config.concurrency), "max_tokens": config.load.max_tokens,
+        "temperature": config.load.temperature, "seed": config.load.seed, "num_warmup": config.load.num_warmup,
+        "num_requests": {str(c): num_requests_for(config.load, c) for c in config.concurrency},
+        "num_prompts": len(prompts), "base": config.base, "arms": {},
+    }
+    num_arms = len(config.arms) + bool(config.peer_url)
+    with tqdm(total=num_arms * len(config.concurrency), desc="bench serve", unit="level") as bar:
+        if config.arms:
+            result["arms"].update(_run_serve_arms(config, prompts, bar))
+        if config.peer_url:
+            bar.set_description(PEER_ARM)
+            load = replace(config.load, base_url=config.peer_url.rstrip("/"), model=config.peer_model)
+            result["arms"][PEER_ARM] = {"base_url": load.base_url, "model": config.peer_model,
+                                        "levels": sweep(config, load, prompts, bar)}
+    result["summary"] = summarize(result)
+    return result
+
+
+def _run_serve_arms(config: ServeBenchConfig, prompts: list[Messages], bar: tqdm) -> dict[str, dict]:
+    import ray
+    from ray import serve
+
+    from dspark.cluster.app import build_app
+
+    is_ray_ours = not ray.is_initialized()
+    if is_ray_ours:
+        ray.init(include_dashboard=False, log_to_driver=False)
+    port = config.port or free_port()
+    base_url = f"http://{config.host}:{port}"
+    arms: dict[str, dict] = {}
+    try:
+        serve.start(http_options={"host": config.host, "port": port})
+        for name in config.arms:
+            bar.set_description(name)
+            args = arm_args(config, name)
+            arms[name] = {"config": args}
+            try:
+                t0 = time.perf_counter()
+                serve.run(build_app(args), name=APP_NAME, route_prefix="/")
+                wait_healthy(base_url, config.health_timeout_s)
+                arms[name]["startup_s"] = time.perf_counter() - t0
+                load = replace(config.load, base_url=base_url)
+                arms[name]["levels"] = sweep(config, load, prompts, bar)
+            except Exception as exc:  # one broken arm must not lose the others' results
+                arms[name]["error"] = f"{type(exc).__name__}: {exc}"[:1000]
+                bar.update(len(config.concurrency) - len(arms[name].get("levels", [])))
+            finally:
+                _delete_app(serve)
+    finally:
+        serve.shutdown()
+        if is_ray_ours:
+            ray.shutdown()
+    return arms
+
+
+def _delete_app(serve: Any) -> None:
+    try:
+        serve.delete(APP_NAME)
+    except Exception:  # nothing was deployed, or it is already gone
+        pass
+
+
+# ---- summary --------------------------------------------------------------------------------------
+
+
+def _by_concurrency(result: dict, arm: str, key: str) -> dict[int, float]:
+    levels = result["arms"].get(arm, {}).get("levels") or []
+    return {lv["concurrency"]: lv[key] for lv in levels if lv.get(key) is not None}
+
+
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    """Rank correlation (average ranks for ties); None with fewer than 2 points or a constant side."""
+    def ranks(vs: list[float]) -> list[float]:
+        order = sorted(range(len(vs)), key=lambda i: vs[i])
+        out = [0.0] * len(vs)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and vs[order[j + 1]] == vs[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                out[order[k]] = (i + j) / 2
+            i = j + 1
+        return out
+
+    if len(xs) < 2:
+        return None
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    var = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+    return cov / var if var else None
+
+
+def summarize(result: dict) -> dict:
+    """Throughput ratios per level vs `no-spec` and `fixed-k`, and flags for the arms that exist."""
+    thr = {arm: _by_concurrency(result, arm, "output_throughput_tok_s") for arm in result["arms"]}
+    ratios: dict[str, dict[str, dict[str, float]]] = {}
+    for ref, tag in (("no-spec", "vs_no_spec"), ("fixed-k", "vs_fixed_k")):
+        if not thr.get(ref):
+            continue
+        for arm, by_c in thr.items():
+            for c, value in by_c.items():
+                if thr[ref].get(c):
+                    ratios.setdefault(arm, {}).setdefault(str(c), {})[tag] = value / thr[ref][c]
+    flags: dict[str, Any] = {}
+    sched = thr.get("scheduled")
+    if sched and thr.get("no-spec"):
+        common = [c for c in sched if c in thr["no-spec"]]
+        if common:
+            flags["scheduled_never_below_no_spec"] = all(sched[c] >= thr["no-spec"][c] for c in common)
+            flags["scheduled_min_ratio_vs_no_spec"] = min(sched[c] / thr["no-spec"][c] for c in common)
+    if sched and thr.get("fixed-k"):
+        high = [c for c in sched if c >= 8 and c in thr["fixed-k"]]
+        if high:
+            flags["scheduled_ge_fixed_k_at_c_ge_8"] = all(sched[c] >= thr["fixed-k"][c] for c in high)
+    verify_trend = {}
+    for arm in result["arms"]:
+        by_c = _by_concurrency(result, arm, "mean_verify_len")
+        if len(by_c) >= 2 and any(by_c.values()):
+            cs = sorted(by_c)
+            verify_trend[arm] = {"falls": by_c[cs[-1]] < by_c[cs[0]],
+                                 "spearman": spearman(cs, [by_c[c] for c in cs]),
+                                 "lowest_c": by_c[cs[0]], "highest_c": by_c[cs[-1]]}
+    if "scheduled" in verify_trend:
+        flags["verify_len_falls_with_concurrency"] = verify_trend["scheduled"]["falls"]
+    return {"ratios": ratios, "flags": flags, "verify_len_trend": verify_trend,
+            "num_errors": {arm: sum(lv["num_errors"] for lv in a.get("levels", [])) for arm, a in
+                           result["arms"].items()},
+            "arm_errors": {arm: a["error"] for arm, a in result["arms"].items() if a.get("error")}}

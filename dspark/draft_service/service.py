@@ -1,0 +1,96 @@
+"""The draft side of a verify/draft pair, without Ray: per-request token history and draft context.
+
+A verify worker sends one `draft` message per micro-batch step: for each request only what is NEW since
+its last message (tokens appended to its output, target features of the tokens that entered the target's
+KV cache), the ids of requests that left, and γ. The service updates its per-request state, drafts, and
+answers with the draft tokens, the distributions they were drawn from, confidences, and wall-clock stamps
+so the benchmark can draw both workers on one timeline.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dspark.models.drafter import Drafter, DraftRequest
+
+
+@dataclass
+class DraftSpan:
+    """One handled message, for the timeline (wall-clock seconds)."""
+
+    seq: int
+    num_requests: int
+    received_s: float
+    start_s: float
+    end_s: float
+
+
+class DraftService:
+    """Keeps each request's token history and feeds the drafter; thread-safe."""
+
+    def __init__(self, drafter: Drafter | None, max_num_spans: int = 4096) -> None:
+        self.drafter = drafter
+        self.hidden_layers: tuple[int, ...] = tuple(getattr(drafter, "hidden_layers", ()))
+        self._tokens: dict[str, list[int]] = {}
+        self._lock = threading.Lock()
+        self.spans: deque[DraftSpan] = deque(maxlen=max_num_spans)
+        self.num_messages = 0
+
+    def handle(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Apply a `draft` message (see module doc) and return the reply."""
+        received = time.time()
+        with self._lock:
+            start = time.time()
+            for rid in message.get("released", []):
+                self._tokens.pop(rid, None)
+                if self.drafter is not None:
+                    self.drafter.release(rid)
+            reply = self._draft(message)
+            end = time.time()
+            self.num_messages += 1
+        self.spans.append(DraftSpan(message["seq"], len(message["requests"]), received, start, end))
+        return {**reply, "seq": message["seq"], "received_s": received, "start_s": start, "end_s": end}
+
+    def _draft(self, message: dict[str, Any]) -> dict[str, Any]:
+        requests = message["requests"]
+        features: torch.Tensor | None = message.get("features")
+        offset = 0
+        batch = []
+        for req in requests:
+            history = self._tokens.setdefault(req["id"], [])
+            history.extend(req["new_tokens"])
+            n = req["num_features"]
+            if n and features is not None and self.hidden_layers:
+                self.drafter.observe(req["id"], features[offset:offset + n])  # type: ignore[union-attr]
+            offset += n
+            batch.append(DraftRequest(req["id"], list(history), req["temperature"]))
+        if self.drafter is None or not batch or message["max_num_tokens"] == 0:
+            return {"tokens": [[] for _ in batch], "probs": None, "confidences": None}
+        out = self.drafter.propose(batch, message["max_num_tokens"])
+        return {"tokens": out.tokens, "probs": out.probs, "confidences": out.confidences}
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._tokens)
+
+    def timeline(self) -> list[dict[str, Any]]:
+        return [vars(s) for s in list(self.spans)]
+
+
+def serve_channel(channel: Any, service: DraftService) -> None:
+    """Answer messages on `channel` until a `close` message: `draft` -> reply, `ping` -> echo."""
+    while True:
+        message = channel.recv()
+        kind = message.get("kind")
+        if kind == "close":
+            return
+        if kind == "ping":
+            channel.send({"kind": "pong", "seq": message.get("seq"), "payload": message.get("payload")})
+            continue
+        channel.send(service.handle(message))

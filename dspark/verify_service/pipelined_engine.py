@@ -1,0 +1,118 @@
+"""The engine with drafting overlapped: running requests form micro-batches that step in ping-pong.
+
+A step serves ONE micro-batch g: collect g's draft (submitted at the end of g's previous step), schedule,
+verify, commit, then submit g's next draft round. With a remote drafter, that draft runs on the draft
+worker while this worker verifies the other micro-batch, so neither side idles. Drafts are taken from
+each request's committed tokens only, so the output distribution is the same as the sequential
+engine's; a request admitted since g's last submission simply has no draft this step (ℓ = 0).
+"""
+
+from __future__ import annotations
+
+import time
+
+from dspark.models.drafter import Drafter, DraftOutput, DraftRequest
+from dspark.models.target import TargetModel
+from dspark.verify_service.engine import Engine, EngineConfig
+from dspark.verify_service.request import Request, RequestOutput, StepStats
+
+
+class _LocalRounds:
+    """submit/collect over an in-process drafter: drafting happens at submit time."""
+
+    def __init__(self, drafter: Drafter) -> None:
+        self.drafter = drafter
+        self._ready: list[DraftOutput] = []
+
+    def submit(self, requests: list[DraftRequest], max_num_tokens: int) -> None:
+        self._ready.append(self.drafter.propose(requests, max_num_tokens))
+
+    def collect(self) -> DraftOutput:
+        return self._ready.pop(0)
+
+
+class PipelinedEngine(Engine):
+    """`Engine` whose step serves one of `num_micro_batches` micro-batches, drafts submitted ahead."""
+
+    def __init__(self, config: EngineConfig, target: TargetModel | None = None, drafter: Drafter | None = None,
+                 num_micro_batches: int = 2) -> None:
+        super().__init__(config, target, drafter)
+        if num_micro_batches < 1:
+            raise ValueError("num_micro_batches must be >= 1")
+        self.num_micro_batches = num_micro_batches
+        self._turn = 0
+        self._in_flight: dict[int, list[str]] = {}  # micro-batch -> request ids of its submitted round
+        self._rounds = self._make_rounds()
+
+    def _make_rounds(self) -> object | None:
+        if self.drafter is None:
+            return None
+        return self.drafter if hasattr(self.drafter, "submit") else _LocalRounds(self.drafter)
+
+    def set_drafter(self, drafter: Drafter | None) -> None:
+        """Swap the drafter (e.g. re-pairing with another draft worker); only while idle."""
+        if self.has_unfinished():
+            raise RuntimeError("cannot swap the drafter while requests are running")
+        self.drafter = drafter
+        self.hidden_layers = tuple(getattr(drafter, "hidden_layers", ()))
+        self._in_flight.clear()
+        self._rounds = self._make_rounds()
+
+    # ---- the step ------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        outputs = self._reap_aborted()
+        outputs += self._admit()
+        group = self._turn
+        self._turn = (self._turn + 1) % self.num_micro_batches
+        active = [r for r in self.running if not r.is_finished and r.micro_batch == group]
+        if active:
+            t0 = time.perf_counter()
+            draft = self._collect(group, active)
+            t1 = time.perf_counter()
+            lengths = self._schedule(active, draft)
+            t2 = time.perf_counter()
+            accepted, next_tokens = self._verify(active, draft, lengths)
+            t3 = time.perf_counter()
+            outputs += self._commit(active, draft, lengths, accepted, next_tokens)
+            self.stats.append(StepStats(len(active), sum(lengths) + len(active), lengths, accepted,
+                                        (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, draft.confidences))
+        elif group in self._in_flight:  # everyone in it left: drain the round to keep replies in order
+            self._collect(group, [])
+        self._release_finished()
+        self._submit(group, [r for r in active if not r.is_finished])
+        return outputs
+
+    def _admit(self) -> list[RequestOutput]:
+        sizes = [0] * self.num_micro_batches
+        for r in self.running:
+            sizes[r.micro_batch] += 1
+        for req in self.waiting[:max(0, self.config.max_num_seqs - len(self.running))]:
+            req.micro_batch = min(range(self.num_micro_batches), key=lambda g: sizes[g])
+            sizes[req.micro_batch] += 1
+        return super()._admit()
+
+    def _collect(self, group: int, active: list[Request]) -> DraftOutput:
+        ids = self._in_flight.pop(group, None)
+        empty = DraftOutput(tokens=[[] for _ in active])
+        if ids is None or self._rounds is None:
+            return empty
+        out: DraftOutput = self._rounds.collect()  # type: ignore[attr-defined]
+        index = {rid: i for i, rid in enumerate(ids)}
+        rows = [index.get(r.request_id) for r in active]
+        probs = None
+        if out.probs is not None and out.probs:
+            none = out.probs[0].new_zeros((0, out.probs[0].shape[-1]))  # (0, V): a request without a draft
+            probs = [out.probs[i] if i is not None else none for i in rows]
+        return DraftOutput(
+            tokens=[out.tokens[i] if i is not None else [] for i in rows],
+            probs=probs,
+            confidences=None if out.confidences is None else [
+                out.confidences[i] if i is not None else [] for i in rows])
+
+    def _submit(self, group: int, active: list[Request]) -> None:
+        gamma = self.config.num_draft_tokens
+        if self._rounds is None or gamma == 0 or not active:
+            return
+        reqs = [DraftRequest(r.request_id, r.token_ids, r.params.temperature) for r in active]
+        self._rounds.submit(reqs, gamma)  # type: ignore[attr-defined]
+        self._in_flight[group] = [r.request_id for r in active]

@@ -1,0 +1,91 @@
+"""`dspark bench serve` end to end on the tiny model (real Ray Serve, real HTTP), and its summary flags."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dspark.bench.serve_bench import spearman, summarize
+from dspark.cli import app
+
+MAX_TOKENS = 8
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_serve_sweeps_a_real_server_and_writes_json_and_plots(
+        tiny_target_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a 2-core machine running other work can starve the Serve proxy for a while: be patient with it
+    for var in ("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"):
+        monkeypatch.setenv(var, "60")
+    out = tmp_path / "serve.json"
+    res = CliRunner().invoke(app, [
+        "bench", "serve", "--target", str(tiny_target_dir), "--drafter", "ngram", "--num-draft-tokens", "4",
+        "--arms", "fixed-k", "--concurrency", "1,2", "--num-requests", "3", "--num-warmup", "1",
+        "--max-tokens", str(MAX_TOKENS), "--set", "max_model_len=512", "--set", "num_threads=1",
+        "--keep-requests", "--out", str(out), "--plot-dir", str(tmp_path / "plots")])
+    assert res.exit_code == 0, res.output
+    result = json.loads(res.stdout.strip().splitlines()[-1])
+    assert json.loads(out.read_text()) == result
+    arm = result["arms"]["fixed-k"]
+    assert "error" not in arm, arm
+    assert arm["config"]["scheduler"] == "fixed" and arm["config"]["scheduler_kwargs"] == {"k": 4}
+    assert [lv["concurrency"] for lv in arm["levels"]] == [1, 2]
+    for level in arm["levels"]:
+        assert level["num_errors"] == 0, level["errors"]
+        assert level["num_requests"] == 3
+        assert [r["completion_tokens"] for r in level["requests"]] == [MAX_TOKENS] * 3
+        assert level["num_wrong_length"] == 0
+        assert level["output_throughput_tok_s"] > 0 and level["tps_user_median"] > 0
+        assert 0 < level["ttft_p50_s"] <= level["ttft_p99_s"]
+        assert 1 <= level["tau"] <= 4 + 1
+        assert 0 <= level["mean_verify_len"] <= 4
+        assert all(r["num_steps"] >= 1 for r in level["requests"])
+    assert len(result["plots"]) == 2
+    for path in result["plots"]:
+        assert Path(path).read_bytes()[:8] == PNG_MAGIC
+
+
+def _level(c: int, thr: float, verify_len: float | None = None) -> dict:
+    return {"concurrency": c, "output_throughput_tok_s": thr, "mean_verify_len": verify_len, "num_errors": 0}
+
+
+def _result(arms: dict[str, list[dict]]) -> dict:
+    return {"arms": {name: {"levels": levels} for name, levels in arms.items()}}
+
+
+def test_summary_ratios_and_flags_from_a_hand_made_result() -> None:
+    result = _result({
+        "no-spec": [_level(1, 100), _level(8, 400), _level(32, 800)],
+        "fixed-k": [_level(1, 200, 7), _level(8, 500, 7), _level(32, 700, 7)],
+        "scheduled": [_level(1, 210, 6.5), _level(8, 520, 4.0), _level(32, 900, 1.5)],
+    })
+    summary = summarize(result)
+    assert summary["ratios"]["scheduled"]["8"] == {"vs_no_spec": 1.3, "vs_fixed_k": 520 / 500}
+    assert summary["ratios"]["fixed-k"]["32"]["vs_no_spec"] == 700 / 800
+    assert summary["flags"] == {"scheduled_never_below_no_spec": True, "scheduled_min_ratio_vs_no_spec": 1.125,
+                                "scheduled_ge_fixed_k_at_c_ge_8": True, "verify_len_falls_with_concurrency": True}
+    assert summary["verify_len_trend"]["scheduled"]["spearman"] == -1.0
+    assert summary["verify_len_trend"]["fixed-k"]["falls"] is False
+    assert "no-spec" not in summary["verify_len_trend"]  # it verifies nothing
+
+    result["arms"]["scheduled"]["levels"][2]["output_throughput_tok_s"] = 650  # below both at C=32
+    flags = summarize(result)["flags"]
+    assert flags["scheduled_never_below_no_spec"] is False
+    assert flags["scheduled_ge_fixed_k_at_c_ge_8"] is False
+
+
+def test_summary_flags_are_absent_without_their_arms() -> None:
+    only = summarize(_result({"scheduled": [_level(1, 10, 3.0), _level(2, 15, 3.0)]}))
+    assert only["flags"] == {"verify_len_falls_with_concurrency": False}
+    assert only["ratios"] == {}
+    failed = summarize({"arms": {"no-spec": {"error": "boom"}, "scheduled": {"levels": [_level(4, 10)]}}})
+    assert failed["flags"] == {} and failed["arm_errors"] == {"no-spec": "boom"}
+
+
+def test_spearman_handles_ties_and_degenerate_input() -> None:
+    assert spearman([1, 2, 4, 8], [5, 4, 4, 1]) == pytest.approx(-0.9486833)
+    assert spearman([1, 2], [3, 3]) is None
+    assert spearman([1], [1]) is None
