@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 from typer.testing import CliRunner
 
+from dspark.bench.load import LevelResult, LoadConfig, RequestRecord, request_body, stream_one, summarize_level
 from dspark.bench.serve_bench import spearman, summarize
 from dspark.cli import app
 
@@ -89,3 +92,53 @@ def test_spearman_handles_ties_and_degenerate_input() -> None:
     assert spearman([1, 2, 4, 8], [5, 4, 4, 1]) == pytest.approx(-0.9486833)
     assert spearman([1, 2], [3, 3]) is None
     assert spearman([1], [1]) is None
+
+
+def _sse(*events: object) -> bytes:
+    return "".join(f"data: {e if isinstance(e, str) else json.dumps(e)}\n\n" for e in events).encode()
+
+
+VLLM_STREAM = _sse(  # role-only first chunk, then content, then a usage-only chunk (choices empty)
+    {"choices": [{"delta": {"role": "assistant", "content": ""}}]},
+    {"choices": [{"delta": {"content": "one"}}]},
+    {"choices": [{"delta": {"content": " two"}, "finish_reason": "length"}]},
+    {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}},
+    "[DONE]")
+
+
+def _record(reply: httpx.Response) -> RequestRecord:
+    seen: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        return reply
+
+    async def go() -> RequestRecord:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://peer") as client:
+            body = request_body(LoadConfig(base_url="", max_tokens=2, model="m"), [{"role": "user", "content": "x"}],
+                                index=3)
+            return await stream_one(client, body)
+
+    rec = asyncio.run(go())
+    assert seen[0]["seed"] == 3 and seen[0]["ignore_eos"] and seen[0]["model"] == "m" and seen[0]["stream"]
+    return rec
+
+
+def test_a_peer_stream_without_dspark_stats_is_timed_but_has_no_spec_figures() -> None:
+    rec = _record(httpx.Response(200, content=VLLM_STREAM))
+    assert rec.error is None and rec.completion_tokens == 2
+    assert rec.ttft_s >= 0 and rec.decode_s >= 0 and rec.num_steps is None
+    level = summarize_level(LevelResult(1, 0.5, [rec]), max_tokens=2)
+    assert level["output_throughput_tok_s"] == 4.0 and level["tau"] is None and level["num_errors"] == 0
+
+
+@pytest.mark.parametrize(("reply", "reason"), [
+    (httpx.Response(500, text="boom"), "HTTP 500: boom"),
+    (httpx.Response(200, content=_sse({"error": {"message": "engine died"}}, "[DONE]")), "engine died"),
+    (httpx.Response(200, content=VLLM_STREAM.replace(b"data: [DONE]", b"")), "without [DONE]"),
+])
+def test_failed_requests_are_recorded_with_their_reason_and_counted(reply: httpx.Response, reason: str) -> None:
+    rec = _record(reply)
+    assert rec.error is not None and reason in rec.error
+    level = summarize_level(LevelResult(1, 1.0, [rec]), max_tokens=2)
+    assert level["num_errors"] == 1 and level["output_throughput_tok_s"] == 0.0 and reason in level["errors"][0]

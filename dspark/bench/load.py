@@ -99,7 +99,8 @@ async def stream_one(client: httpx.AsyncClient, body: dict) -> RequestRecord:
                         first_s = now
                     last_s = now
                 _read_stats(rec, event)
-    except (httpx.HTTPError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+    # ValueError covers bad JSON and bad bytes; the others, events not shaped like OpenAI's
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as exc:
         rec.error = f"{type(exc).__name__}: {exc}"[:300]
         return rec
     if not is_done:

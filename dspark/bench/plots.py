@@ -68,6 +68,11 @@ def _serve_levels(result: dict) -> dict[str, list[dict]]:
     return {arm: a.get("levels") or [] for arm, a in result["arms"].items()}
 
 
+def _arm_color(result: dict, arm: str) -> str:
+    """The same color for an arm in every figure, even where another arm has nothing to draw."""
+    return f"C{list(result['arms']).index(arm) % 10}"
+
+
 def plot_serve_throughput_vs_tps_user(result: dict, path: Path) -> Path:
     """Output throughput vs per-user decode speed, a line per arm, points labelled by concurrency."""
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
@@ -76,7 +81,7 @@ def plot_serve_throughput_vs_tps_user(result: dict, path: Path) -> Path:
                if lv.get("tps_user_median") is not None]
         if not pts:
             continue
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=arm)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=arm, color=_arm_color(result, arm))
         for x, y, c in pts:
             ax.annotate(f"C={c}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     ax.set_xlabel("TPS/user (tokens/s per request, median)")
@@ -93,11 +98,15 @@ def plot_serve_throughput_vs_tps_user(result: dict, path: Path) -> Path:
 def plot_serve_verify_len(result: dict, path: Path) -> Path:
     """Mean verification length per request and step vs concurrency (log2 axis), a line per spec arm."""
     fig, ax = plt.subplots(figsize=(6, 4.5))
+    levels_seen: set[int] = set()
     for arm, levels in _serve_levels(result).items():
         pts = [(lv["concurrency"], lv["mean_verify_len"]) for lv in levels if lv.get("mean_verify_len")]
         if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=arm)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=arm, color=_arm_color(result, arm))
+            levels_seen.update(p[0] for p in pts)
     ax.set_xscale("log", base=2)
+    if levels_seen:
+        ax.set_xticks(sorted(levels_seen), [str(c) for c in sorted(levels_seen)])
     ax.set_xlabel("concurrency (requests in flight)")
     ax.set_ylabel("mean verification length (draft tokens / request / step)")
     ax.set_ylim(bottom=0)

@@ -41,8 +41,13 @@ def builtin_arms(drafter: str, num_draft_tokens: int) -> dict[str, dict[str, Any
         "fixed-k": {"drafter": drafter, "scheduler": "fixed", "scheduler_kwargs": {"k": num_draft_tokens},
                     "num_draft_tokens": num_draft_tokens},
         "scheduled": scheduled,  # Algorithm 1
-        "colocated": {**scheduled, "mode": "colocated"},
-        "decoupled": {**scheduled, "mode": "decoupled"},
+        # pool modes: K from the central SchedulerActor. On a 2-core host the colocated worker gets both
+        # threads; decoupled splits them one for verify, one for draft (ingress and scheduler ~idle)
+        "colocated": {**scheduled, "mode": "colocated", "scheduler": "central",
+                      "verify_worker": {"num_cpus": 1.5, "num_threads": 2}},
+        "decoupled": {**scheduled, "mode": "decoupled", "scheduler": "central",
+                      "verify_worker": {"num_cpus": 1.0, "num_threads": 1},
+                      "draft_worker": {"num_cpus": 0.5, "num_threads": 1}},
     }
 
 
@@ -116,8 +121,10 @@ def wait_healthy(base_url: str, timeout_s: float) -> None:
     raise TimeoutError(f"{base_url}/health did not answer 200 within {timeout_s:.0f} s")
 
 
-def sweep(config: ServeBenchConfig, load: LoadConfig, prompts: list[Messages], bar: tqdm) -> list[dict]:
-    levels = []
+def sweep(config: ServeBenchConfig, load: LoadConfig, prompts: list[Messages], bar: tqdm,
+          levels: list[dict] | None = None) -> list[dict]:
+    """Every concurrency level against `load.base_url`, appended to `levels` as each one finishes."""
+    levels = [] if levels is None else levels
     for c in config.concurrency:
         bar.set_postfix_str(f"C={c}")
         level = summarize_level(run_level_sync(load, prompts, c), load.max_tokens, config.keep_requests)
@@ -170,17 +177,17 @@ def _run_serve_arms(config: ServeBenchConfig, prompts: list[Messages], bar: tqdm
         for name in config.arms:
             bar.set_description(name)
             args = arm_args(config, name)
-            arms[name] = {"config": args}
+            arms[name] = {"config": args, "levels": []}
             try:
                 t0 = time.perf_counter()
                 serve.run(build_app(args), name=APP_NAME, route_prefix="/")
                 wait_healthy(base_url, config.health_timeout_s)
                 arms[name]["startup_s"] = time.perf_counter() - t0
                 load = replace(config.load, base_url=base_url)
-                arms[name]["levels"] = sweep(config, load, prompts, bar)
+                sweep(config, load, prompts, bar, arms[name]["levels"])
             except Exception as exc:  # one broken arm must not lose the others' results
-                arms[name]["error"] = f"{type(exc).__name__}: {exc}"[:1000]
-                bar.update(len(config.concurrency) - len(arms[name].get("levels", [])))
+                arms[name]["error"] = f"{type(exc).__name__}: {exc}"[:1000] + _deploy_failure(serve, str(exc))
+                bar.update(len(config.concurrency) - len(arms[name]["levels"]))
             finally:
                 _delete_app(serve)
     finally:
@@ -188,6 +195,19 @@ def _run_serve_arms(config: ServeBenchConfig, prompts: list[Messages], bar: tqdm
         if is_ray_ours:
             ray.shutdown()
     return arms
+
+
+def _deploy_failure(serve: Any, known: str) -> str:
+    """The replicas' own error (Serve keeps it in the app status; the exception only says 'failed')."""
+    try:
+        app = serve.status().applications.get(APP_NAME)
+    except Exception:  # the controller is gone: nothing more to say
+        return ""
+    if app is None:
+        return ""
+    messages = [m for m in [app.message, *(d.message for d in app.deployments.values())] if m and m not in known]
+    # a traceback's last lines name the cause
+    return "".join(f" | {m.strip()[-1500:]}" for m in messages)
 
 
 def _delete_app(serve: Any) -> None:

@@ -239,6 +239,13 @@ def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str) -> 
             raise ApiError(503, "engine loop is not running", code="engine_dead")
         return {"status": "ok"}
 
+    @app.get("/v1/dspark/stats")
+    def dspark_stats() -> dict[str, Any]:  # sync: gathering worker stats blocks, so FastAPI threads it
+        stats = getattr(get_engine(), "stats", None)
+        if not callable(stats):
+            raise ApiError(404, "this deployment has no worker pools (mode: inline)", code="no_stats")
+        return stats()
+
     @app.get("/v1/models")
     async def models() -> ModelList:
         return ModelList(data=[ModelCard(id=model_name, created=started)])

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from dspark.verify_service.engine import Engine
 from dspark.verify_service.request import RequestOutput, SamplingParams
@@ -25,8 +25,9 @@ class AsyncEngine:
     request, which frees its cache slot at the next step.
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, on_step: Callable[[], None] | None = None) -> None:
         self.engine = engine
+        self.on_step = on_step  # called on the engine thread after every step (cluster load reports)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._pending: list[tuple[str, list[int], SamplingParams]] = []
@@ -102,6 +103,11 @@ class AsyncEngine:
                 log.exception("engine step failed")
                 self._fail_all(exc)
                 return
+            if self.on_step is not None:
+                try:
+                    self.on_step()
+                except Exception:  # noqa: BLE001 - a failed report must not stop serving
+                    log.exception("on_step hook failed")
             with self._lock:
                 for out in outputs:
                     target = self._queues.get(out.request_id)

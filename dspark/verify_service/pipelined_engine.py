@@ -66,6 +66,7 @@ class PipelinedEngine(Engine):
         self._turn = (self._turn + 1) % self.num_micro_batches
         active = [r for r in self.running if not r.is_finished and r.micro_batch == group]
         if active:
+            start_s = time.time()
             t0 = time.perf_counter()
             draft = self._collect(group, active)
             t1 = time.perf_counter()
@@ -75,7 +76,8 @@ class PipelinedEngine(Engine):
             t3 = time.perf_counter()
             outputs += self._commit(active, draft, lengths, accepted, next_tokens)
             self.stats.append(StepStats(len(active), sum(lengths) + len(active), lengths, accepted,
-                                        (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, draft.confidences))
+                                        (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, draft.confidences,
+                                        group, start_s, time.time()))
         elif group in self._in_flight:  # everyone in it left: drain the round to keep replies in order
             self._collect(group, [])
         self._release_finished()

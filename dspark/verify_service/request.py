@@ -98,3 +98,6 @@ class StepStats:
     schedule_ms: float
     verify_ms: float
     confidences: list[list[float]] | None = None  # per request, as the drafter reported them
+    micro_batch: int = 0
+    start_s: float = 0.0  # wall clock, for timelines
+    end_s: float = 0.0

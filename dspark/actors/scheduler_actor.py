@@ -1,0 +1,103 @@
+"""The central SchedulerActor (one named Ray actor, restarted by Ray if it dies) and its client.
+
+The actor wraps `ClusterScheduler`. Workers talk to it through `SchedulerClient`, which never blocks
+the step loop: a report is sent, and its answer (the capacity decision) is picked up on a later step
+if it is ready. If the actor is gone or restarting, the client says so and the worker runs local
+Algorithm 1 until answers come back; state is rebuilt from the next reports, so a restart loses nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import ray
+
+from dspark.actors.cluster_scheduler import CapacityDecision, ClusterScheduler, WorkerLoad
+
+log = logging.getLogger(__name__)
+
+
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
+class SchedulerActor:
+    def __init__(self) -> None:
+        self.scheduler = ClusterScheduler()
+
+    def report(self, load: WorkerLoad) -> CapacityDecision:
+        return self.scheduler.report(load)
+
+    def place(self, request_id: str, worker_ids: list[str]) -> str:
+        return self.scheduler.place(request_id, worker_ids)
+
+    def snapshot(self) -> dict[str, Any]:
+        return self.scheduler.snapshot()
+
+    def ping(self) -> float:
+        return self.scheduler.started_s
+
+
+def get_or_create_scheduler(name: str, namespace: str | None = None) -> Any:
+    """The cluster's scheduler actor, created on first use (any process may call this)."""
+    return SchedulerActor.options(name=name, namespace=namespace, get_if_exists=True).remote()
+
+
+class SchedulerClient:
+    """Non-blocking report/answer exchange with the named scheduler actor."""
+
+    def __init__(self, name: str, namespace: str | None = None, answer_timeout_s: float = 5.0) -> None:
+        self.name, self.namespace = name, namespace
+        self.answer_timeout_s = answer_timeout_s
+        self._handle: Any = None
+        self._ref: Any = None
+        self._sent_s = 0.0
+        self.is_reachable = False
+        self.num_failures = 0
+        self.num_answers = 0
+
+    def _actor(self) -> Any:
+        if self._handle is None:
+            try:
+                self._handle = ray.get_actor(self.name, namespace=self.namespace)
+            except ValueError:
+                self.is_reachable = False
+                return None
+        return self._handle
+
+    @property
+    def is_waiting(self) -> bool:
+        return self._ref is not None
+
+    def report(self, load: WorkerLoad) -> None:
+        actor = self._actor()
+        if actor is None or self._ref is not None:
+            return
+        self._ref = actor.report.remote(load)
+        self._sent_s = time.perf_counter()
+
+    def poll(self) -> CapacityDecision | None:
+        """The answer to the last report if it has arrived; never waits."""
+        if self._ref is None:
+            return None
+        ready, _ = ray.wait([self._ref], timeout=0)
+        if not ready:
+            if time.perf_counter() - self._sent_s > self.answer_timeout_s:
+                self._fail("no answer in time")
+            return None
+        ref, self._ref = self._ref, None
+        try:
+            decision = ray.get(ref)
+        except Exception as exc:  # noqa: BLE001 - actor died or restarting: fall back, retry later
+            self._fail(repr(exc))
+            return None
+        self.is_reachable = True
+        self.num_answers += 1
+        return decision
+
+    def _fail(self, why: str) -> None:
+        if self.is_reachable:
+            log.warning("scheduler %s unreachable (%s): local Algorithm 1 until it answers", self.name, why)
+        self.is_reachable = False
+        self.num_failures += 1
+        self._ref = None
+        self._handle = None

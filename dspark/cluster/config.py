@@ -1,0 +1,130 @@
+"""The `args:` of the dspark Serve application (serve.yaml), validated with clear errors.
+
+Modes: `inline` runs one engine inside each Serve replica (small deployments, no actor pools);
+`colocated` runs a pool of VerifyWorker actors, each with its drafter in-process; `decoupled` runs
+separate VerifyWorker and DraftWorker pools, paired 1:1, exchanging tensors over `transport`.
+In both pool modes a central SchedulerActor places requests and (scheduler `central`) sets each
+verify worker's capacity K.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from dspark.models.target import DEFAULT_TARGET
+from dspark.spec.schedulers import SCHEDULER_NAMES
+from dspark.verify_service.engine import EngineConfig
+
+
+class WorkerResources(BaseModel):
+    """Ray resources and thread budget of one pool worker."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_cpus: float = Field(1.0, ge=0, description="Ray CPUs reserved per worker.")
+    num_gpus: float = Field(0.0, ge=0, description="Ray GPUs per worker (its device is then cuda).")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="Custom logical resources, e.g. {'draft_node': 1} to pin a pool "
+                                          "to nodes started with `ray start --resources`.")
+    num_threads: int | None = Field(None, ge=1, description="Torch CPU threads; null: num_cpus rounded, >= 1.")
+
+    def threads(self) -> int:
+        return self.num_threads or max(1, round(self.num_cpus))
+
+    def actor_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {"num_cpus": self.num_cpus}
+        if self.num_gpus:
+            options["num_gpus"] = self.num_gpus
+        if self.resources:
+            options["resources"] = dict(self.resources)
+        return options
+
+
+class ServeAppConfig(BaseModel):
+    """The `args:` of the dspark application in serve.yaml."""
+
+    # a typo in serve.yaml must fail loudly rather than silently fall back to a default
+    model_config = ConfigDict(extra="forbid")
+
+    target: str = Field(DEFAULT_TARGET, description="Target model: the embedded default or a HF folder.")
+    device: str = Field("cpu", description="Torch device of the target, e.g. 'cpu' or 'cuda'.")
+    dtype: str | None = Field(None, description="fp32/bf16/fp16; null: fp32 on CPU, bf16 on GPU.")
+    drafter: str = Field("ngram", description="Drafter name (ngram, dspark, dflash, eagle3, mtp, ...).")
+    drafter_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra drafter arguments.")
+    scheduler: str = Field("fixed", description="Prefix scheduler: fixed, threshold, greedy (Algorithm 1), async, "
+                                                 "or central (K from the SchedulerActor; pool modes only).")
+    scheduler_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra scheduler arguments.")
+    num_draft_tokens: int = Field(7, ge=0, description="γ: most tokens drafted per request and step.")
+    sps_profile: str | None = Field(
+        None, description="SPS profile JSON; null: configs/profiles/<device>.json (unused by 'fixed').")
+    max_num_seqs: int = Field(16, ge=1, description="Most requests batched at once per replica.")
+    max_model_len: int = Field(2048, ge=2, description="Most tokens (prompt + output) per request.")
+    num_threads: int | None = Field(
+        None, ge=1, description="Torch CPU threads; null: num_cpus_per_replica rounded, at least 1.")
+    model_name: str | None = Field(None, description="Name served as `model` in the API; null: target.")
+    num_replicas: int = Field(1, ge=1, description="Serve replicas, each with its own engine.")
+    num_cpus_per_replica: float | None = Field(
+        None, gt=0, description="Ray CPUs reserved per Serve replica; null: 1 inline, 0.1 in pool modes "
+                                "(the ingress only routes there).")
+    num_gpus_per_replica: float = Field(0.0, ge=0, description="Ray GPUs reserved per replica.")
+    max_ongoing_requests: int | None = Field(
+        None, ge=1, description="Requests in flight per replica; null: 2 * max_num_seqs, so a queue "
+                                "forms in the engine (which batches) rather than in the proxy.")
+
+    mode: Literal["inline", "colocated", "decoupled"] = Field(
+        "inline", description="inline: engine in the Serve replica; colocated: VerifyWorker pool with "
+                              "in-process drafters; decoupled: separate VerifyWorker and DraftWorker pools.")
+    num_verify_workers: int = Field(1, ge=1, description="VerifyWorker actors (pool modes).")
+    num_draft_workers: int = Field(1, ge=1, description="DraftWorker actors (decoupled; paired 1:1 with verifiers).")
+    verify_worker: WorkerResources = Field(default_factory=WorkerResources, description="Per VerifyWorker.")
+    draft_worker: WorkerResources = Field(default_factory=WorkerResources, description="Per DraftWorker.")
+    transport: Literal["gloo", "ray"] = Field(
+        "gloo", description="Draft<->verify tensors: torch.distributed point-to-point (gloo on CPU) or Ray "
+                            "object references.")
+    num_micro_batches: int = Field(2, ge=1, description="Ping-pong micro-batches per verify worker.")
+    draft_device: str | None = Field(None, description="Drafter device in decoupled mode; null: same as device.")
+    cluster_name: str = Field("dspark", pattern=r"^[A-Za-z0-9_.-]+$",
+                              description="Prefix of the named actors (pools, scheduler).")
+
+    @model_validator(mode="after")
+    def _fill_defaults(self) -> ServeAppConfig:
+        if self.num_cpus_per_replica is None:
+            self.num_cpus_per_replica = 1.0 if self.mode == "inline" else 0.1
+        if self.scheduler not in (*SCHEDULER_NAMES, "global_search", "central"):
+            raise ValueError(f"unknown scheduler {self.scheduler!r}")
+        if self.scheduler == "central" and self.mode == "inline":
+            raise ValueError("scheduler 'central' needs mode colocated or decoupled (it is the SchedulerActor's K)")
+        if self.mode == "decoupled" and self.num_draft_workers != self.num_verify_workers:
+            raise ValueError(f"decoupled mode pairs workers 1:1: num_draft_workers ({self.num_draft_workers}) "
+                             f"must equal num_verify_workers ({self.num_verify_workers})")
+        if self.mode == "decoupled" and self.drafter == "none":
+            raise ValueError("decoupled mode needs a drafter (drafter: none has nothing to decouple)")
+        if self.model_name is None:
+            self.model_name = self.target
+        if self.max_ongoing_requests is None:
+            self.max_ongoing_requests = 2 * self.max_num_seqs
+        return self
+
+    def engine_config(self, num_threads: int | None = None) -> EngineConfig:
+        num_threads = num_threads or self.num_threads or max(1, round(self.num_cpus_per_replica))
+        return EngineConfig(target=self.target, device=self.device, dtype=self.dtype, drafter=self.drafter,
+                            drafter_kwargs=dict(self.drafter_kwargs), scheduler=self.scheduler,
+                            scheduler_kwargs=dict(self.scheduler_kwargs),
+                            num_draft_tokens=self.num_draft_tokens, sps_profile=self.sps_profile,
+                            max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
+                            num_threads=num_threads)
+
+    def worker_engine_config(self) -> EngineConfig:
+        """A VerifyWorker's engine; `central` runs Algorithm 1 locally until the first K arrives."""
+        cfg = self.engine_config(self.verify_worker.threads())
+        if self.verify_worker.num_gpus and self.device == "cpu":
+            cfg.device = "cuda"
+        if self.scheduler == "central":
+            cfg.scheduler, cfg.scheduler_kwargs = "greedy", {}
+        if self.mode == "decoupled":
+            cfg.drafter = "none"  # the drafter lives on the paired DraftWorker
+        return cfg
+
+

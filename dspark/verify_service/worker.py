@@ -1,0 +1,164 @@
+"""VerifyWorker: a Ray actor that owns a target model, its KV cache, and the step loop of the requests
+placed on it.
+
+In `colocated` mode its drafter is in-process; in `decoupled` mode the drafter is a `RemoteDrafter`
+on a channel to the paired DraftWorker (gloo point-to-point, or Ray object refs). The engine is a
+`PipelinedEngine` (micro-batches in ping-pong) behind an `AsyncEngine`; `generate` is a streaming
+actor method. After every step the worker reports its load to the central scheduler and, with the
+`central` scheduler, applies the capacity K it answers (local Algorithm 1 while there is none).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import ray
+import torch
+
+from dspark.actors.cluster_scheduler import WorkerLoad
+from dspark.actors.scheduler_actor import SchedulerClient
+from dspark.actors.transport import GlooChannel, RayChannel, free_port, node_ip
+from dspark.cluster.config import ServeAppConfig
+from dspark.draft_service.client import RemoteDrafter
+from dspark.models.drafter import make_drafter
+from dspark.models.target import load_target
+from dspark.verify_service.async_engine import AsyncEngine
+from dspark.verify_service.capacity import CentralCapacity
+from dspark.verify_service.pipelined_engine import PipelinedEngine
+from dspark.verify_service.request import RequestOutput, SamplingParams
+
+log = logging.getLogger(__name__)
+
+_NUM_TIMELINE_STEPS = 512
+
+
+class VerifyWorker:
+    def __init__(self, worker_id: str, config: ServeAppConfig) -> None:
+        self.worker_id, self.config = worker_id, config
+        engine_cfg = config.worker_engine_config()
+        torch.set_num_threads(engine_cfg.num_threads or 1)
+        target = load_target(engine_cfg.target, engine_cfg.device, engine_cfg.dtype)
+        drafter = None
+        if config.mode == "colocated":
+            drafter = make_drafter(config.drafter, target, **dict(config.drafter_kwargs))
+        self.engine = PipelinedEngine(engine_cfg, target=target, drafter=drafter,
+                                      num_micro_batches=config.num_micro_batches)
+        self.capacity: CentralCapacity | None = None
+        if config.scheduler == "central":
+            self.capacity = CentralCapacity()
+            self.engine.scheduler = self.capacity
+        self.scheduler_client = SchedulerClient(f"{config.cluster_name}-scheduler", "dspark")
+        self.draft_worker: str | None = None
+        self.channel: GlooChannel | RayChannel | None = None
+        self._pending_channel: tuple[str, int] | None = None
+        self._sent_profile = False
+        self.async_engine: AsyncEngine | None = None
+        if config.mode == "colocated":
+            self._start()
+
+    # ---- lifecycle and pairing -----------------------------------------------------------------
+    def ready(self) -> dict[str, Any]:
+        return {"worker_id": self.worker_id, "node_id": ray.get_runtime_context().get_node_id(),
+                "pid": os.getpid(), "paired_with": self.draft_worker, "is_serving": self.async_engine is not None}
+
+    def channel_address(self) -> tuple[str, int]:
+        """Where the paired DraftWorker meets this worker's gloo group (this worker hosts the store)."""
+        self._pending_channel = (node_ip(), free_port())
+        return self._pending_channel
+
+    async def pair_gloo(self, draft_worker: str, hidden_layers: list[int]) -> None:
+        if self._pending_channel is None:
+            raise RuntimeError("call channel_address first")
+        host, port = self._pending_channel
+        channel = await asyncio.to_thread(GlooChannel, host, port, 0)
+        self._attach(draft_worker, channel, hidden_layers)
+
+    def pair_ray(self, draft_worker: str, draft_handle: Any, hidden_layers: list[int]) -> None:
+        self._attach(draft_worker, RayChannel(draft_handle), hidden_layers)
+
+    def _attach(self, draft_worker: str, channel: GlooChannel | RayChannel, hidden_layers: list[int]) -> None:
+        if self.async_engine is not None:
+            raise RuntimeError(f"{self.worker_id} is already serving (paired with {self.draft_worker})")
+        self.channel, self.draft_worker = channel, draft_worker
+        self.engine.set_drafter(RemoteDrafter(channel, tuple(hidden_layers), name=self.config.drafter))
+        self._start()
+
+    def _start(self) -> None:
+        self.async_engine = AsyncEngine(self.engine, on_step=self._after_step)
+
+    # ---- serving ---------------------------------------------------------------------------------
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       request_id: str) -> AsyncIterator[RequestOutput]:
+        if self.async_engine is None:
+            raise RuntimeError(f"{self.worker_id} is not paired with a draft worker yet")
+        async for out in self.async_engine.generate(prompt_ids, params, request_id):
+            yield out
+
+    def is_alive(self) -> bool:
+        return self.async_engine is not None and self.async_engine.is_alive
+
+    # ---- scheduler exchange (engine thread) -------------------------------------------------------
+    def _after_step(self) -> None:
+        decision = self.scheduler_client.poll()
+        if decision is not None and self.capacity is not None:
+            self.capacity.set_capacity(decision.capacity)
+        if not self.scheduler_client.is_waiting:
+            self.scheduler_client.report(self.load())
+
+    def load(self) -> WorkerLoad:
+        eng = self.engine
+        recent = eng.stats[-8:]
+        step_ms = sum(s.verify_ms for s in recent) / len(recent) if recent else 0.0
+        tokens = sum(s.num_tokens for s in recent) / len(recent) if recent else 0.0
+        survival = self.capacity.last_survival if self.capacity is not None else []
+        profile = None
+        if not self.scheduler_client.is_reachable and eng.sps is not None:
+            profile = eng.sps.to_dict()  # (re)send until a scheduler has answered: it may have restarted
+        return WorkerLoad(self.worker_id, len(eng.running), len(eng.waiting), eng.config.max_num_seqs,
+                          len(eng.stats), step_ms, tokens, survival, profile, self.draft_worker)
+
+    # ---- observability -----------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        eng = self.engine
+        steps = list(eng.stats)[-_NUM_TIMELINE_STEPS:]
+        timeline = [{"micro_batch": s.micro_batch, "start_s": s.start_s, "end_s": s.end_s,
+                     "num_requests": s.num_requests, "num_tokens": s.num_tokens, "draft_wait_ms": s.draft_ms,
+                     "verify_ms": s.verify_ms, "num_verified": sum(s.lengths)} for s in steps]
+        out: dict[str, Any] = {
+            "worker_id": self.worker_id, "mode": self.config.mode, "draft_worker": self.draft_worker,
+            "transport": self.config.transport if self.config.mode == "decoupled" else "in-process",
+            "num_steps": len(eng.stats), "num_running": len(eng.running), "num_waiting": len(eng.waiting),
+            "timeline": timeline, "at_s": time.time(),
+            "scheduler_reachable": self.scheduler_client.is_reachable,
+            "scheduler_failures": self.scheduler_client.num_failures,
+        }
+        if self.capacity is not None:
+            out["capacity"] = {"last_k": self.capacity.capacity, "num_central_steps": self.capacity.num_central_steps,
+                               "num_fallback_steps": self.capacity.num_fallback_steps}
+        drafter = eng.drafter
+        if isinstance(drafter, RemoteDrafter) and drafter.spans:
+            spans = list(drafter.spans)[-_NUM_TIMELINE_STEPS:]
+            out["transport_ms_mean"] = sum(s.transport_ms for s in spans) / len(spans)
+            out["draft_wait_ms_mean"] = sum(s.exposed_ms for s in spans) / len(spans)
+            out["draft_timeline"] = [{"seq": s.seq, "start_s": s.draft_start_s, "end_s": s.draft_end_s,
+                                      "num_requests": s.num_requests} for s in spans]
+        if steps:
+            out["verify_ms_mean"] = sum(s.verify_ms for s in steps) / len(steps)
+        return out
+
+    def shutdown(self) -> None:
+        if self.async_engine is not None:
+            self.async_engine.shutdown()
+        if self.channel is not None:
+            try:
+                self.channel.send({"kind": "close"})
+            except Exception:  # noqa: BLE001 - the peer may be gone already
+                pass
+
+
+VerifyWorkerActor = ray.remote(VerifyWorker)
