@@ -281,6 +281,26 @@ def bench_serve_cmd(
     _emit(res, out)
 
 
+@bench_app.command("transport")
+def bench_transport_cmd(
+    rows: str = typer.Option("16,128,512", help="Feature rows per message (tokens that entered the KV cache)."),
+    num_features: int = typer.Option(3 * 576, min=1, help="Columns per row: taps × hidden (SmolLM2: 3 × 576)."),
+    reps: int = typer.Option(30, min=1, help="Round trips per size (after 2 warm-up)."),
+    out: Path | None = typer.Option(None),
+) -> None:
+    """Draft<->verify transports between two Ray actors: gloo point-to-point vs Ray object refs."""
+    import ray
+
+    from dspark.actors.transport_probe import measure_transports
+
+    ray.init(include_dashboard=False, log_to_driver=False)
+    try:
+        res = measure_transports([int(r) for r in rows.split(",") if r], num_features, reps)
+    finally:
+        ray.shutdown()
+    _emit(res, out)
+
+
 def _emit(res: dict, out: Path | None) -> None:
     line = json.dumps(res)
     if out:
