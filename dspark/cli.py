@@ -241,7 +241,7 @@ def bench_serve_cmd(
     import yaml
 
     from dspark.bench.load import LoadConfig
-    from dspark.bench.plots import plot_serve_throughput_vs_tps_user, plot_serve_verify_len
+    from dspark.bench.plots import plot_serve_throughput_vs_tps_user, plot_serve_verify_len, plot_worker_timeline
     from dspark.bench.serve_bench import ServeBenchConfig, builtin_arms, load_arm_config, run_serve_bench
 
     try:
@@ -278,6 +278,10 @@ def bench_serve_cmd(
         plot_dir.mkdir(parents=True, exist_ok=True)
         res["plots"] = [str(plot_serve_throughput_vs_tps_user(res, plot_dir / "serve_throughput_vs_tps_user.png")),
                         str(plot_serve_verify_len(res, plot_dir / "serve_verify_len.png"))]
+        for arm, body in res["arms"].items():  # the last level's per-step spans of both pools
+            stats = (body.get("levels") or [{}])[-1].get("server_stats")
+            if stats and (png := plot_worker_timeline(stats, plot_dir / f"serve_timeline_{arm}.png")):
+                res["plots"].append(str(png))
     _emit(res, out)
 
 

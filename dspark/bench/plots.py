@@ -117,3 +117,31 @@ def plot_serve_verify_len(result: dict, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_worker_timeline(stats: dict, path: Path, window_s: float = 3.0) -> Path | None:
+    """Per-step spans of every verify worker (one lane per micro-batch) and its draft worker, over the last
+    `window_s` seconds of `/v1/dspark/stats`: overlap shows as draft bars under verify bars of the other half."""
+    lanes: list[tuple[str, list[tuple[float, float]], str]] = []
+    for wid, w in sorted(stats.get("workers", {}).items()):
+        for g in sorted({t["micro_batch"] for t in w.get("timeline", [])}):
+            spans = [(t["start_s"], t["end_s"]) for t in w["timeline"] if t["micro_batch"] == g]
+            lanes.append((f"{wid} verify mb{g}", spans, "tab:blue" if g == 0 else "tab:cyan"))
+        if w.get("draft_timeline"):
+            lanes.append((f"{wid} ← draft", [(t["start_s"], t["end_s"]) for t in w["draft_timeline"]], "tab:orange"))
+    ends = [e for _, spans, _ in lanes for _, e in spans]
+    if not ends:
+        return None
+    t_end = max(ends)
+    t0 = t_end - window_s
+    fig, ax = plt.subplots(figsize=(10, 0.6 * len(lanes) + 1.2))
+    for i, (_, spans, color) in enumerate(lanes):
+        bars = [(s - t0, e - s) for s, e in spans if e >= t0]
+        ax.broken_barh(bars, (i - 0.4, 0.8), color=color)
+    ax.set_yticks(range(len(lanes)), [name for name, _, _ in lanes], fontsize=7)
+    ax.set_xlabel(f"seconds (last {window_s:.1f} s of the run)")
+    ax.set_title("worker timeline: verify micro-batches and drafting")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

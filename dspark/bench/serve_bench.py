@@ -130,10 +130,35 @@ def sweep(config: ServeBenchConfig, load: LoadConfig, prompts: list[Messages], b
         level = summarize_level(run_level_sync(load, prompts, c), load.max_tokens, config.keep_requests)
         stats = fetch_server_stats(load.base_url)
         if stats is not None:
-            level["server_stats"] = stats
+            level["overheads"] = overheads(stats)
+            level["server_stats"] = stats if c == config.concurrency[-1] else without_timelines(stats)
         levels.append(level)
         bar.update(1)
     return levels
+
+
+def overheads(stats: dict) -> dict[str, Any]:
+    """Per verify worker: transport and exposed draft time per step vs the verify step; scheduler decision time."""
+    out: dict[str, Any] = {"workers": {}}
+    for wid, w in stats.get("workers", {}).items():
+        if "verify_ms_mean" not in w:
+            continue
+        row = {"verify_ms_mean": w["verify_ms_mean"], "last_k": (w.get("capacity") or {}).get("last_k"),
+               "num_fallback_steps": (w.get("capacity") or {}).get("num_fallback_steps")}
+        if "transport_ms_mean" in w:
+            row.update(transport_ms_mean=w["transport_ms_mean"], draft_wait_ms_mean=w["draft_wait_ms_mean"],
+                       transport_frac_of_verify=w["transport_ms_mean"] / max(w["verify_ms_mean"], 1e-9))
+        out["workers"][wid] = row
+    sched = stats.get("scheduler") or {}
+    out["scheduler_decision_ms_mean"] = sched.get("decision_ms_mean")
+    out["scheduler_decision_ms_p99"] = sched.get("decision_ms_p99")
+    return out
+
+
+def without_timelines(stats: dict) -> dict:
+    workers = {wid: {k: v for k, v in w.items() if not k.endswith("timeline")}
+               for wid, w in stats.get("workers", {}).items()}
+    return {**stats, "workers": workers}
 
 
 def run_serve_bench(config: ServeBenchConfig) -> dict:
