@@ -40,8 +40,9 @@ def config(target_dir: Path, **extra: object) -> ServeAppConfig:
         "draft_worker": {"num_cpus": 0.25, "num_threads": 1, "resources": {"draft_node": 1}}, **extra})
 
 
-def test_pools_land_on_the_nodes_their_resources_name_and_serve_across_them(cluster, tiny_target_dir):
-    cfg = config(tiny_target_dir)
+@pytest.mark.parametrize("transport", ["gloo", "ray"])
+def test_pools_land_on_the_nodes_their_resources_name_and_serve_across_them(cluster, tiny_target_dir, transport):
+    cfg = config(tiny_target_dir, transport=transport, cluster_name=f"multinode-{transport}")
     engine = ClusterEngine(cfg)
     try:
         nodes = {wid: info["node_id"] for wid, info in engine.pools.info.items()}
@@ -61,6 +62,7 @@ def test_pools_land_on_the_nodes_their_resources_name_and_serve_across_them(clus
         assert all(len(o) == 12 for o in outputs)
         stats = engine.stats()
         assert all(stats["workers"][w]["num_messages"] > 0 for w in engine.pools.draft)
+        assert all(stats["workers"][w]["transport"] == transport for w in engine.pools.verify)
     finally:
         for handle in {**engine.pools.verify, **engine.pools.draft}.values():
             ray.kill(handle)
