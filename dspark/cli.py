@@ -274,6 +274,8 @@ def bench_serve_cmd(
     except (ValueError, FileNotFoundError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
+    if out:  # the measurements are on disk before anything else can fail
+        _emit(res, out, echo=False)
     if plot_dir:
         plot_dir.mkdir(parents=True, exist_ok=True)
         res["plots"] = [str(plot_serve_throughput_vs_tps_user(res, plot_dir / "serve_throughput_vs_tps_user.png")),
@@ -305,12 +307,13 @@ def bench_transport_cmd(
     _emit(res, out)
 
 
-def _emit(res: dict, out: Path | None) -> None:
+def _emit(res: dict, out: Path | None, echo: bool = True) -> None:
     line = json.dumps(res)
     if out:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(line + "\n")
-    typer.echo(line)
+    if echo:
+        typer.echo(line)
 
 
 if __name__ == "__main__":

@@ -124,8 +124,9 @@ def plot_worker_timeline(stats: dict, path: Path, window_s: float = 3.0) -> Path
     `window_s` seconds of `/v1/dspark/stats`: overlap shows as draft bars under verify bars of the other half."""
     lanes: list[tuple[str, list[tuple[float, float]], str]] = []
     for wid, w in sorted(stats.get("workers", {}).items()):
-        for g in sorted({t["micro_batch"] for t in w.get("timeline", [])}):
-            spans = [(t["start_s"], t["end_s"]) for t in w["timeline"] if t["micro_batch"] == g]
+        steps = [t for t in w.get("timeline", []) if "micro_batch" in t]  # verify workers' step spans
+        for g in sorted({t["micro_batch"] for t in steps}):
+            spans = [(t["start_s"], t["end_s"]) for t in steps if t["micro_batch"] == g]
             lanes.append((f"{wid} verify mb{g}", spans, "tab:blue" if g == 0 else "tab:cyan"))
         if w.get("draft_timeline"):
             lanes.append((f"{wid} ← draft", [(t["start_s"], t["end_s"]) for t in w["draft_timeline"]], "tab:orange"))
