@@ -20,7 +20,7 @@ from transformers import AutoConfig, AutoTokenizer
 from dspark.actors.pools import Pools, start_pools
 from dspark.cluster.config import ServeAppConfig
 from dspark.models.target import resolve_target_path
-from dspark.verify_service.request import RequestOutput, SamplingParams
+from dspark.verify_service.request import RequestOutput, SamplingParams, validate_request
 
 log = logging.getLogger(__name__)
 
@@ -47,14 +47,8 @@ class ClusterEngine:
 
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
         """The same client errors as `Engine.validate`, checked before anything is sent."""
-        if not prompt_ids:
-            raise ValueError("prompt is empty")
-        need = len(prompt_ids) + params.max_tokens + self.config.num_draft_tokens + 1
-        if need > self.config.max_model_len:
-            raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) "
-                             f"exceeds max_model_len={self.config.max_model_len}")
-        if min(prompt_ids) < 0 or max(prompt_ids) >= self.vocab_size:
-            raise ValueError(f"prompt token ids must be in [0, {self.vocab_size})")
+        validate_request(prompt_ids, params, self.config.num_draft_tokens, self.config.max_model_len,
+                         self.vocab_size)
 
     async def place(self, request_id: str) -> str:
         workers = list(self.pools.verify)

@@ -12,6 +12,7 @@ import itertools
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,7 +26,14 @@ from dspark.spec.sps import SPSTable
 from dspark.spec.survival import AcceptanceTracker, prefix_survival
 from dspark.spec.verification import verify
 from dspark.verify_service.batch import build_verify_input
-from dspark.verify_service.request import FinishReason, Request, RequestOutput, SamplingParams, StepStats
+from dspark.verify_service.request import (
+    FinishReason,
+    Request,
+    RequestOutput,
+    SamplingParams,
+    StepStats,
+    validate_request,
+)
 from dspark.verify_service.stopping import append_with_stops
 
 log = logging.getLogger(__name__)
@@ -98,15 +106,8 @@ class Engine:
 
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
         """Raise ValueError (a client error) if this request can never be served."""
-        if not prompt_ids:
-            raise ValueError("prompt is empty")
-        need = len(prompt_ids) + params.max_tokens + self.config.num_draft_tokens + 1
-        if need > self.config.max_model_len:
-            raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) "
-                             f"exceeds max_model_len={self.config.max_model_len}")
-        vocab = self.runner.vocab_size
-        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        validate_request(prompt_ids, params, self.config.num_draft_tokens, self.config.max_model_len,
+                         self.runner.vocab_size)
 
     def abort(self, request_id: str) -> None:
         for req in self.waiting + self.running:
@@ -123,17 +124,25 @@ class Engine:
         outputs += self._admit()
         active = [r for r in self.running if not r.is_finished]
         if active:
-            t0 = time.perf_counter()
-            draft = self._draft(active)
-            t1 = time.perf_counter()
-            lengths = self._schedule(active, draft)
-            t2 = time.perf_counter()
-            accepted, next_tokens = self._verify(active, draft, lengths)
-            t3 = time.perf_counter()
-            outputs += self._commit(active, draft, lengths, accepted, next_tokens)
-            self.stats.append(StepStats(len(active), sum(lengths) + len(active), lengths, accepted,
-                                        (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, draft.confidences))
+            outputs += self._round(active, lambda: self._draft(active))
         self._release_finished()
+        return outputs
+
+    def _round(self, active: list[Request], get_draft: Callable[[], DraftOutput],
+               micro_batch: int = 0) -> list[RequestOutput]:
+        """draft (from `get_draft`) → schedule → verify → commit for `active`, timed into `self.stats`."""
+        start_s = time.time()
+        t0 = time.perf_counter()
+        draft = get_draft()
+        t1 = time.perf_counter()
+        lengths = self._schedule(active, draft)
+        t2 = time.perf_counter()
+        accepted, next_tokens = self._verify(active, draft, lengths)
+        t3 = time.perf_counter()
+        outputs = self._commit(active, draft, lengths, accepted, next_tokens)
+        self.stats.append(StepStats(len(active), sum(lengths) + len(active), lengths, accepted,
+                                    (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, draft.confidences,
+                                    micro_batch, start_s, time.time()))
         return outputs
 
     def _admit(self) -> list[RequestOutput]:

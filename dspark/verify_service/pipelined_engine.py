@@ -9,12 +9,10 @@ engine's; a request admitted since g's last submission simply has no draft this 
 
 from __future__ import annotations
 
-import time
-
 from dspark.models.drafter import Drafter, DraftOutput, DraftRequest
 from dspark.models.target import TargetModel
 from dspark.verify_service.engine import Engine, EngineConfig
-from dspark.verify_service.request import Request, RequestOutput, StepStats
+from dspark.verify_service.request import Request, RequestOutput
 
 
 class _LocalRounds:
@@ -66,18 +64,7 @@ class PipelinedEngine(Engine):
         self._turn = (self._turn + 1) % self.num_micro_batches
         active = [r for r in self.running if not r.is_finished and r.micro_batch == group]
         if active:
-            start_s = time.time()
-            t0 = time.perf_counter()
-            draft = self._collect(group, active)
-            t1 = time.perf_counter()
-            lengths = self._schedule(active, draft)
-            t2 = time.perf_counter()
-            accepted, next_tokens = self._verify(active, draft, lengths)
-            t3 = time.perf_counter()
-            outputs += self._commit(active, draft, lengths, accepted, next_tokens)
-            self.stats.append(StepStats(len(active), sum(lengths) + len(active), lengths, accepted,
-                                        (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, draft.confidences,
-                                        group, start_s, time.time()))
+            outputs += self._round(active, lambda: self._collect(group, active), group)
         elif group in self._in_flight:  # everyone in it left: drain the round to keep replies in order
             self._collect(group, [])
         self._release_finished()

@@ -33,6 +33,19 @@ class SamplingParams:
         return self.temperature == 0
 
 
+def validate_request(prompt_ids: list[int], params: SamplingParams, num_draft_tokens: int, max_model_len: int,
+                     vocab_size: int) -> None:
+    """Raise ValueError (a client error) if this request can never be served."""
+    if not prompt_ids:
+        raise ValueError("prompt is empty")
+    need = len(prompt_ids) + params.max_tokens + num_draft_tokens + 1
+    if need > max_model_len:
+        raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) "
+                         f"exceeds max_model_len={max_model_len}")
+    if min(prompt_ids) < 0 or max(prompt_ids) >= vocab_size:
+        raise ValueError(f"prompt token ids must be in [0, {vocab_size})")
+
+
 class FinishReason(StrEnum):
     LENGTH = "length"
     STOP = "stop"
