@@ -4,7 +4,6 @@ behind the HTTP ingress, gloo transport, the central scheduler, and a scheduler 
 from __future__ import annotations
 
 import concurrent.futures as cf
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,13 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 import ray
-from ray import serve
 
-from dspark.cluster.app import build_app
 from dspark.verify_service.engine import Engine, EngineConfig
 from dspark.verify_service.request import SamplingParams
 from tests.test_engine_lossless import tiny_prompts
-from tests.test_serve_http import _free_port, _wait_healthy
+from tests.test_serve_http import serving
 
 MODEL = "tiny"
 NUM_NEW = 20
@@ -35,19 +32,8 @@ def app_args(target_dir: Path, **extra: object) -> dict:
 
 @pytest.fixture(scope="module")
 def server(tiny_target_dir: Path) -> Iterator[httpx.Client]:
-    port = _free_port()
-    for var in ("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"):
-        os.environ.setdefault(var, "60")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app(app_args(tiny_target_dir)), name="dspark", route_prefix="/")
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
-            _wait_healthy(client, 120)
-            yield client
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    with serving(app_args(tiny_target_dir), health_timeout_s=120) as client:
+        yield client
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -28,8 +29,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_target_dir: Path) -> Iterator[httpx.Client]:
+@contextlib.contextmanager
+def serving(args: dict, health_timeout_s: float = 60) -> Iterator[httpx.Client]:
+    """A local Ray cluster with the dspark app built from `args`, and an HTTP client on it."""
     port = _free_port()
     # a 2-core machine running other work can starve the proxy for a while: be patient with it
     # (the controller inherits these through the local cluster's environment)
@@ -38,16 +40,21 @@ def server(tiny_target_dir: Path) -> Iterator[httpx.Client]:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app({"target": str(tiny_target_dir), "model_name": MODEL, "drafter": "ngram",
-                             "scheduler": "fixed", "num_draft_tokens": 4, "max_model_len": MAX_MODEL_LEN,
-                             "max_num_seqs": 8, "num_threads": 1}),
-                  name="dspark", route_prefix="/")
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
-            _wait_healthy(client)
+        serve.run(build_app(args), name="dspark", route_prefix="/")
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=max(60, health_timeout_s)) as client:
+            _wait_healthy(client, health_timeout_s)
             yield client
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_target_dir: Path) -> Iterator[httpx.Client]:
+    with serving({"target": str(tiny_target_dir), "model_name": MODEL, "drafter": "ngram", "scheduler": "fixed",
+                  "num_draft_tokens": 4, "max_model_len": MAX_MODEL_LEN, "max_num_seqs": 8,
+                  "num_threads": 1}) as client:
+        yield client
 
 
 def _wait_healthy(client: httpx.Client, timeout_s: float = 60) -> None:
