@@ -12,6 +12,7 @@ from dspark.draft_service.client import RemoteDrafter
 from dspark.draft_service.service import DraftService, serve_channel
 from dspark.models.ngram import NgramDrafter
 from dspark.models.target import TargetModel
+from dspark.spec.sps import SPSTable
 from dspark.verify_service.engine import Engine, EngineConfig
 from dspark.verify_service.pipelined_engine import PipelinedEngine
 from dspark.verify_service.request import SamplingParams
@@ -32,9 +33,10 @@ class RecordingNgram(NgramDrafter):
         self.seen.setdefault(request_id, []).append(features.clone())
 
 
-def config(target: TargetModel, scheduler: str = "greedy", drafter: str = "ngram") -> EngineConfig:
+def config(target: TargetModel, scheduler: str = "greedy", drafter: str = "ngram",
+           draft_gate: bool = True) -> EngineConfig:
     return EngineConfig(target=str(target.path), drafter=drafter, scheduler=scheduler, num_draft_tokens=5,
-                        max_num_seqs=6, max_model_len=256)
+                        max_num_seqs=6, max_model_len=256, draft_gate=draft_gate)
 
 
 def channel_pair() -> tuple[GlooChannel, GlooChannel]:
@@ -89,9 +91,11 @@ def test_gloo_channel_moves_messages_both_ways_with_one_in_flight_each_way():
 
 
 def test_remote_drafter_over_gloo_is_lossless_and_delivers_the_exact_features(tiny_target, prompts, target_only):
+    # no draft gate: it reacts to timings, so the two runs could batch differently, and features computed in
+    # different batch shapes differ in the last bits
     layers = (1, 2)
     local = RecordingNgram(layers)
-    engine = PipelinedEngine(config(tiny_target), target=tiny_target, drafter=local)
+    engine = PipelinedEngine(config(tiny_target, draft_gate=False), target=tiny_target, drafter=local)
     local_out = [r.output_ids for r in engine.generate(prompts, SamplingParams(max_tokens=NUM_NEW, ignore_eos=True))]
 
     verify_end, draft_end = channel_pair()
@@ -99,7 +103,7 @@ def test_remote_drafter_over_gloo_is_lossless_and_delivers_the_exact_features(ti
     server = threading.Thread(target=serve_channel, args=(draft_end, DraftService(far)), daemon=True)
     server.start()
     remote = RemoteDrafter(verify_end, layers)
-    engine = PipelinedEngine(config(tiny_target), target=tiny_target, drafter=remote)
+    engine = PipelinedEngine(config(tiny_target, draft_gate=False), target=tiny_target, drafter=remote)
     reqs = engine.generate(prompts, SamplingParams(max_tokens=NUM_NEW, ignore_eos=True))
     verify_end.send({"kind": "close"})
     server.join(timeout=30)
@@ -113,3 +117,30 @@ def test_remote_drafter_over_gloo_is_lossless_and_delivers_the_exact_features(ti
         assert torch.equal(there, here[:there.shape[0]]), rid
         assert there.shape[0] >= here.shape[0] - rows[-1].shape[0], rid
     assert remote.spans and all(s.transport_ms >= 0 for s in remote.spans)
+
+
+@pytest.mark.parametrize("engine_cls", [Engine, PipelinedEngine])
+def test_draft_gate_stops_drafting_where_it_loses_and_stays_lossless(tiny_target, prompts, target_only, tmp_path,
+                                                                     engine_cls):
+    # a profile where a verified draft token costs 100 target steps: no draft can ever pay for itself
+    steep = tmp_path / "steep.json"
+    SPSTable([1, 2], [10.0, 1000.0]).save(steep)
+    cfg = config(tiny_target)
+    cfg.sps_profile = str(steep)
+    engine = engine_cls(cfg, target=tiny_target)
+    reqs = engine.generate(prompts, SamplingParams(max_tokens=NUM_NEW, ignore_eos=True))
+    assert [r.output_ids for r in reqs] == target_only
+    gate = engine.gate
+    assert gate is not None and gate.num_skipped > gate.num_drafted > 0
+    assert all(g < 1.0 for g in gate.gains().values())
+    assert sum(s.draft_ms == 0.0 or not any(s.lengths) for s in engine.stats) == len(engine.stats)
+
+    cfg.draft_gate = False  # the same run without the gate drafts every step
+    engine = engine_cls(cfg, target=tiny_target)
+    reqs = engine.generate(prompts, SamplingParams(max_tokens=NUM_NEW, ignore_eos=True))
+    assert [r.output_ids for r in reqs] == target_only
+    assert engine.gate is None
+
+
+def test_fixed_k_never_gates(tiny_target):
+    assert Engine(config(tiny_target, "fixed"), target=tiny_target).gate is None

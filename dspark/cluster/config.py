@@ -57,6 +57,8 @@ class ServeAppConfig(BaseModel):
                                                  "or central (K from the SchedulerActor; pool modes only).")
     scheduler_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra scheduler arguments.")
     num_draft_tokens: int = Field(7, ge=0, description="γ: most tokens drafted per request and step.")
+    draft_gate: bool = Field(True, description="Skip drafting at batch sizes where it measurably costs more "
+                                               "than it returns (load-aware schedulers only).")
     sps_profile: str | None = Field(
         None, description="SPS profile JSON; null: configs/profiles/<device>.json (unused by 'fixed').")
     max_num_seqs: int = Field(16, ge=1, description="Most requests batched at once per replica.")
@@ -114,7 +116,7 @@ class ServeAppConfig(BaseModel):
                             scheduler_kwargs=dict(self.scheduler_kwargs),
                             num_draft_tokens=self.num_draft_tokens, sps_profile=self.sps_profile,
                             max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
-                            num_threads=num_threads)
+                            num_threads=num_threads, draft_gate=self.draft_gate)
 
     def worker_engine_config(self) -> EngineConfig:
         """A VerifyWorker's engine; `central` runs Algorithm 1 locally until the first K arrives."""

@@ -56,6 +56,23 @@ class SPSTable:
         """Steps per second at ``num_tokens`` tokens per step: 1000 / `step_time_ms_at`."""
         return 1000.0 / self.step_time_ms_at(num_tokens)
 
+    def monotone(self) -> SPSTable:
+        """A copy whose step times never fall as tokens grow (isotonic least-squares fit).
+
+        A measured profile is jagged (one matmul shape happens to be faster than a smaller one); a
+        scheduler that trusts a dip would verify extra tokens "for free" that are not free in service.
+        Pool-adjacent-violators: each run of decreasing times is replaced by its mean.
+        """
+        blocks: list[list[float]] = []  # [sum, count] of each pooled run
+        for t in self.step_time_ms:
+            blocks.append([t, 1.0])
+            while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+                total, count = blocks.pop()
+                blocks[-1][0] += total
+                blocks[-1][1] += count
+        fitted = [total / count for total, count in blocks for _ in range(int(count))]
+        return SPSTable(list(self.tokens_per_step), fitted, {**self.meta, "monotone": True})
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready form (see module docstring)."""
         return {

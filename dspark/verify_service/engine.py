@@ -21,6 +21,7 @@ import torch
 from dspark.models.drafter import Drafter, DraftOutput, DraftRequest, make_drafter
 from dspark.models.runner import ForwardOutput, SeqChunk, TargetRunner
 from dspark.models.target import DEFAULT_TARGET, TargetModel, load_target
+from dspark.spec.draft_gate import DraftGate
 from dspark.spec.schedulers import make_scheduler
 from dspark.spec.sps import SPSTable
 from dspark.spec.survival import AcceptanceTracker, prefix_survival
@@ -55,6 +56,9 @@ class EngineConfig:
     max_num_seqs: int = 16
     max_model_len: int = 2048
     num_threads: int | None = None
+    # skip drafting at batch sizes where it measurably costs more than it returns (load-aware
+    # schedulers only: a fixed k always drafts); see spec/draft_gate.py
+    draft_gate: bool = True
 
 
 def default_profile_path(device: str) -> Path:
@@ -65,7 +69,7 @@ def load_sps(config: EngineConfig) -> SPSTable:
     path = Path(config.sps_profile) if config.sps_profile else default_profile_path(config.device)
     if not path.exists():
         raise FileNotFoundError(f"SPS profile {path} not found: run `dspark profile --out {path}`")
-    return SPSTable.from_file(path)
+    return SPSTable.from_file(path).monotone()
 
 
 class Engine:
@@ -87,6 +91,8 @@ class Engine:
         self.scheduler = make_scheduler(config.scheduler, **config.scheduler_kwargs)
         self.sps = load_sps(config) if config.scheduler != "fixed" else None
         self.tracker = AcceptanceTracker(max(1, config.num_draft_tokens))
+        self.gate = DraftGate() if config.draft_gate and self.sps is not None else None
+        self._last_round: tuple[float, float] | None = None  # perf_counter start and end of the last round
         self.waiting: list[Request] = []
         self.running: list[Request] = []  # index i holds the request in cache slot i
         self.stats: list[StepStats] = []
@@ -129,10 +135,17 @@ class Engine:
         return outputs
 
     def _round(self, active: list[Request], get_draft: Callable[[], DraftOutput],
-               micro_batch: int = 0) -> list[RequestOutput]:
-        """draft (from `get_draft`) → schedule → verify → commit for `active`, timed into `self.stats`."""
+               micro_batch: int = 0, extra_draft_ms: float = 0.0) -> list[RequestOutput]:
+        """draft (from `get_draft`) → schedule → verify → commit for `active`, timed into `self.stats`.
+
+        `extra_draft_ms`: drafting time this round already paid outside `get_draft` (a pipelined
+        engine drafts locally at submit time), for the draft gate's cost estimate.
+        """
         start_s = time.time()
         t0 = time.perf_counter()
+        if self.gate is not None and self._last_round is not None:
+            last_start, last_end = self._last_round  # an idle wait counts at most one round's length
+            self.gate.note_overhead(min(t0 - last_end, last_end - last_start) * 1e3)
         draft = get_draft()
         t1 = time.perf_counter()
         lengths = self._schedule(active, draft)
@@ -140,9 +153,13 @@ class Engine:
         accepted, next_tokens = self._verify(active, draft, lengths)
         t3 = time.perf_counter()
         outputs = self._commit(active, draft, lengths, accepted, next_tokens)
+        if self.gate is not None and any(draft.tokens):
+            self.gate.record(len(active), sum(lengths), sum(accepted), (t1 - t0) * 1e3 + extra_draft_ms,
+                             self.sps)  # type: ignore[arg-type]
         self.stats.append(StepStats(len(active), sum(lengths) + len(active), lengths, accepted,
                                     (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, draft.confidences,
                                     micro_batch, start_s, time.time()))
+        self._last_round = (t0, time.perf_counter())
         return outputs
 
     def _admit(self) -> list[RequestOutput]:
@@ -167,10 +184,13 @@ class Engine:
 
     def _draft(self, active: list[Request]) -> DraftOutput:
         gamma = self.config.num_draft_tokens
-        if self.drafter is None or gamma == 0:
+        if self.drafter is None or gamma == 0 or not self._gate_allows(len(active)):
             return DraftOutput(tokens=[[] for _ in active])
         reqs = [DraftRequest(r.request_id, r.token_ids, r.params.temperature) for r in active]
         return self.drafter.propose(reqs, gamma)
+
+    def _gate_allows(self, batch_size: int) -> bool:
+        return self.gate is None or self.gate.should_draft(batch_size)
 
     def _schedule(self, active: list[Request], draft: DraftOutput) -> list[int]:
         proposed = [len(t) for t in draft.tokens]

@@ -9,6 +9,8 @@ engine's; a request admitted since g's last submission simply has no draft this 
 
 from __future__ import annotations
 
+import time
+
 from dspark.models.drafter import Drafter, DraftOutput, DraftRequest
 from dspark.models.target import TargetModel
 from dspark.verify_service.engine import Engine, EngineConfig
@@ -40,6 +42,7 @@ class PipelinedEngine(Engine):
         self.num_micro_batches = num_micro_batches
         self._turn = 0
         self._in_flight: dict[int, list[str]] = {}  # micro-batch -> request ids of its submitted round
+        self._submit_ms: dict[int, float] = {}  # micro-batch -> time its last submit took (local drafting)
         self._rounds = self._make_rounds()
 
     def _make_rounds(self) -> object | None:
@@ -64,7 +67,8 @@ class PipelinedEngine(Engine):
         self._turn = (self._turn + 1) % self.num_micro_batches
         active = [r for r in self.running if not r.is_finished and r.micro_batch == group]
         if active:
-            outputs += self._round(active, lambda: self._collect(group, active), group)
+            outputs += self._round(active, lambda: self._collect(group, active), group,
+                                   self._submit_ms.pop(group, 0.0))
         elif group in self._in_flight:  # everyone in it left: drain the round to keep replies in order
             self._collect(group, [])
         self._release_finished()
@@ -100,8 +104,10 @@ class PipelinedEngine(Engine):
 
     def _submit(self, group: int, active: list[Request]) -> None:
         gamma = self.config.num_draft_tokens
-        if self._rounds is None or gamma == 0 or not active:
+        if self._rounds is None or gamma == 0 or not active or not self._gate_allows(len(active)):
             return
         reqs = [DraftRequest(r.request_id, r.token_ids, r.params.temperature) for r in active]
+        t0 = time.perf_counter()
         self._rounds.submit(reqs, gamma)  # type: ignore[attr-defined]
+        self._submit_ms[group] = (time.perf_counter() - t0) * 1e3
         self._in_flight[group] = [r.request_id for r in active]

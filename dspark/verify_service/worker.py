@@ -140,6 +140,9 @@ class VerifyWorker:
         if self.capacity is not None:
             out["capacity"] = {"last_k": self.capacity.capacity, "num_central_steps": self.capacity.num_central_steps,
                                "num_fallback_steps": self.capacity.num_fallback_steps}
+        if eng.gate is not None:
+            out["draft_gate"] = {"num_drafted": eng.gate.num_drafted, "num_skipped": eng.gate.num_skipped,
+                                 "gain_by_batch_size": eng.gate.gains()}
         drafter = eng.drafter
         if isinstance(drafter, RemoteDrafter) and drafter.spans:
             spans = list(drafter.spans)[-_NUM_TIMELINE_STEPS:]

@@ -73,3 +73,14 @@ def test_invalid_profiles_raise_clear_errors(data: dict, message: str) -> None:
 def test_from_sps_rejects_non_positive_values() -> None:
     with pytest.raises(ValueError, match="positive"):
         SPSTable.from_sps({1: 1.0, 2: 0.0})
+
+
+def test_monotone_fit_pools_dips_and_keeps_rising_profiles() -> None:
+    jagged = SPSTable([1, 4, 6, 8, 16, 32], [70.0, 98.0, 127.0, 115.0, 118.0, 195.0], meta={"device": "cpu"})
+    fitted = jagged.monotone()
+    assert fitted.step_time_ms == pytest.approx([70.0, 98.0, 120.0, 120.0, 120.0, 195.0])
+    assert fitted.tokens_per_step == jagged.tokens_per_step
+    assert fitted.meta["device"] == "cpu" and fitted.meta["monotone"]
+    assert all(a <= b for a, b in zip(fitted.step_time_ms, fitted.step_time_ms[1:]))
+    rising = SPSTable([1, 8, 64], [5.0, 6.0, 12.0])
+    assert rising.monotone().step_time_ms == rising.step_time_ms
