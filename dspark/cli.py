@@ -29,7 +29,8 @@ def _setup(num_threads: int | None, verbose: bool = False) -> None:
 @app.command()
 def generate(
     prompt: str = typer.Option(..., help="User message (chat template applied unless --raw)."),
-    drafter: str = typer.Option("ngram", help="none | ngram | oracle"),
+    drafter: str = typer.Option("ngram", help="none | ngram | oracle | dspark | dflash | eagle3 | mtp1 (trained "
+                                "drafters load checkpoints/<name>-smollm2)."),
     scheduler: str = typer.Option("greedy", help="fixed | threshold | greedy | async"),
     temperature: float = typer.Option(0.0, min=0.0),
     top_p: float = typer.Option(1.0, min=0.0, max=1.0),
@@ -124,7 +125,7 @@ def train(
 
 @app.command("eval")
 def eval_cmd(
-    drafter: str = typer.Option("dspark", help="Drafter name."),
+    drafter: str = typer.Option("dspark", help="Drafter name: dspark | dflash | eagle3 | mtp1 (or ngram, oracle)."),
     checkpoint: str | None = typer.Option(None, help="Drafter checkpoint folder (default: the shipped one)."),
     datasets: list[str] = typer.Option(["gsm8k", "humaneval", "mbpp", "mt-bench"], "--datasets",
                                        help="Shared eval set names or JSONL files of {'turns': [...]}"),
@@ -176,7 +177,8 @@ def eval_cmd(
 
 @bench_app.command("decode")
 def bench_decode_cmd(
-    drafters: str = typer.Option("ngram,oracle", help="Comma-separated drafter names."),
+    drafters: str = typer.Option("ngram,oracle", help="Comma-separated drafter names (none, ngram, oracle, dspark, "
+                                 "dflash, eagle3, mtp1; trained ones load checkpoints/<name>-smollm2)."),
     batch_sizes: str = typer.Option("1,8"),
     num_prompts: int = typer.Option(4, min=1, help="Prompts decoded one by one at batch 1."),
     max_new_tokens: int = typer.Option(128, min=1),
@@ -184,6 +186,8 @@ def bench_decode_cmd(
     num_draft_tokens: int = typer.Option(7, min=1),
     hf_dtypes: str = typer.Option("fp32,bf16", help="Dtypes for the HF generate reference ('' to skip)."),
     sps_profile: str | None = typer.Option(None),
+    checkpoint: list[str] = typer.Option([], "--checkpoint", help="NAME=FOLDER: load drafter NAME from FOLDER "
+                                         "instead of checkpoints/<name>-smollm2 (repeatable)."),
     target: str = TARGET, device: str = DEVICE, dtype: str | None = DTYPE,
     num_threads: int | None = THREADS,
     out: Path | None = typer.Option(None, help="Also write the JSON here."),
@@ -193,9 +197,20 @@ def bench_decode_cmd(
     from dspark.bench.decode import bench_decode
     from dspark.models.target import load_target
 
-    res = bench_decode(load_target(target, device, dtype), [d for d in drafters.split(",") if d],
-                       [int(b) for b in batch_sizes.split(",")], num_prompts, max_new_tokens, scheduler,
-                       num_draft_tokens, sps_profile, [d for d in hf_dtypes.split(",") if d])
+    checkpoints = {}
+    for item in checkpoint:
+        name, sep, folder = item.partition("=")
+        if not sep or not name or not folder:
+            typer.echo(f"error: --checkpoint expects NAME=FOLDER, got {item!r}", err=True)
+            raise typer.Exit(2)
+        checkpoints[name] = folder
+    try:
+        res = bench_decode(load_target(target, device, dtype), [d for d in drafters.split(",") if d],
+                           [int(b) for b in batch_sizes.split(",")], num_prompts, max_new_tokens, scheduler,
+                           num_draft_tokens, sps_profile, [d for d in hf_dtypes.split(",") if d], checkpoints)
+    except (ValueError, FileNotFoundError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
     _emit(res, out)
 
 

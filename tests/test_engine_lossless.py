@@ -11,9 +11,11 @@ from dspark.models.target import TargetModel
 from dspark.spec.schedulers import SCHEDULER_NAMES
 from dspark.verify_service.engine import Engine, EngineConfig
 from dspark.verify_service.request import SamplingParams
+from tests.tiny_drafters import BASELINE_NAMES, save_tiny_baseline
 
 NUM_TINY_PROMPTS = 32
 TINY_NEW_TOKENS = 40
+NUM_BASELINE_PROMPTS = 16
 
 
 def hf_greedy(target: TargetModel, prompt: list[int], num_new: int) -> list[int]:
@@ -44,11 +46,19 @@ def tiny_reference(tiny_target: TargetModel) -> tuple[list[list[int]], list[list
     return prompts, [hf_greedy(tiny_target, p, TINY_NEW_TOKENS) for p in prompts]
 
 
+@pytest.fixture(scope="module")
+def tiny_baseline_checkpoints(tiny_target, tmp_path_factory) -> dict[str, str]:
+    """Random DFlash / EAGLE-3 / MTP-1 checkpoint folders for the tiny target, loaded by name."""
+    out = tmp_path_factory.mktemp("baselines")
+    return {name: str(save_tiny_baseline(tiny_target, name, out / name)) for name in BASELINE_NAMES}
+
+
 def make_engine(target: TargetModel, drafter: str, scheduler: str, refs=None, prompts=None,
-                max_num_seqs: int = 8) -> Engine:
+                max_num_seqs: int = 8, drafter_kwargs: dict | None = None) -> Engine:
     kwargs = {"k": 5} if scheduler == "fixed" else {}
     cfg = EngineConfig(target=str(target.path), drafter=drafter, scheduler=scheduler, scheduler_kwargs=kwargs,
-                       num_draft_tokens=7, max_num_seqs=max_num_seqs, max_model_len=512)
+                       num_draft_tokens=7, max_num_seqs=max_num_seqs, max_model_len=512,
+                       drafter_kwargs=drafter_kwargs or {})
     engine = Engine(cfg, target=target)
     if isinstance(engine.drafter, OracleDrafter) and refs is not None:
         for p, r in zip(prompts, refs):
@@ -68,6 +78,41 @@ def test_tiny_model_greedy_speculation_equals_hf_generate(tiny_target, tiny_refe
     assert sum(r.num_accepted for r in reqs) > 0  # the drafts were really used
     lengths = {n for s in engine.stats for n in s.lengths}
     assert len(lengths) > 1 or scheduler == "fixed"  # verification lengths varied per request/step
+
+
+@pytest.mark.parametrize("scheduler", ["fixed", "greedy"])
+@pytest.mark.parametrize("drafter", BASELINE_NAMES)
+def test_tiny_baseline_drafters_greedy_speculation_equals_hf_generate(tiny_target, tiny_reference,
+                                                                      tiny_baseline_checkpoints, drafter, scheduler):
+    """Random DFlash / EAGLE-3 / MTP-1 drafters, built by name from checkpoints, change nothing at T=0.
+
+    16 prompts through 8 slots (requests join and leave between steps); the schedulers' own variety is
+    covered by the n-gram and oracle runs above.
+    """
+    prompts, refs = (x[:NUM_BASELINE_PROMPTS] for x in tiny_reference)
+    engine = make_engine(tiny_target, drafter, scheduler,
+                         drafter_kwargs={"path": tiny_baseline_checkpoints[drafter]})
+    assert engine.drafter.name == drafter and engine.hidden_layers
+    reqs = engine.generate(prompts, SamplingParams(max_tokens=TINY_NEW_TOKENS, ignore_eos=True))
+    mismatches = [i for i, (r, ref) in enumerate(zip(reqs, refs)) if r.output_ids != ref]
+    assert not mismatches, f"prompts {mismatches} differ from HF generate"
+    assert scheduler != "fixed" or sum(r.num_verified for r in reqs) > 0  # drafts really went through verify
+    lengths = {n for s in engine.stats for n in s.lengths}
+    assert max(lengths) <= (1 if drafter == "mtp1" else 5)  # MTP-1 drafts one token per round
+
+
+@pytest.mark.parametrize("drafter", BASELINE_NAMES)
+def test_tiny_baseline_drafters_serve_sampled_requests(tiny_target, tiny_reference, tiny_baseline_checkpoints,
+                                                      drafter):
+    """T > 0: the drafts carry their distributions through the p/q acceptance rule; every request finishes."""
+    prompts, _ = tiny_reference
+    engine = make_engine(tiny_target, drafter, "fixed", drafter_kwargs={"path": tiny_baseline_checkpoints[drafter]})
+    params = [SamplingParams(max_tokens=24, ignore_eos=True, temperature=t, seed=i)
+              for i, t in enumerate([0.8, 1.0, 0.0, 1.3] * 2)]
+    reqs = engine.generate(prompts[:8], params)
+    assert all(len(r.output_ids) == 24 for r in reqs)
+    assert sum(r.num_verified for r in reqs) > 0
+    assert not getattr(engine.drafter, "_states", getattr(engine.drafter, "_contexts", None))  # all released
 
 
 def test_target_only_engine_equals_hf_generate(tiny_target, tiny_reference):

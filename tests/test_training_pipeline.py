@@ -8,6 +8,7 @@ import yaml
 from typer.testing import CliRunner
 
 from dspark.cli import app
+from dspark.models.ar_drafter import ARDrafter
 from dspark.models.drafter import make_drafter
 from dspark.models.dspark_drafter import DSparkDrafter
 from dspark.verify_service.engine import Engine, EngineConfig
@@ -49,8 +50,55 @@ def test_pipeline_runs_every_stage_then_skips_them_and_the_drafter_serves(tiny_t
     assert spec.generate([prompt], params)[0].output_ids == base.generate([prompt], params)[0].output_ids
 
 
+def test_baselines_train_on_one_shared_work_dir_and_serve_by_name(tiny_target_dir, tiny_target, tmp_path):
+    """dflash, then eagle3 and mtp1 on the same work_dir: data, vocab and cache are built once; each trains
+    with its own objective into runs/<name>, exports a checkpoint that `make_drafter(<kind>)` serves losslessly."""
+    base = {
+        "target": str(tiny_target_dir), "work_dir": str(tmp_path / "work"),
+        "synth": {"num_prompts": 6, "num_stdlib_prompts": 2, "shard_size": 3, "prompt_max_tokens": 12,
+                  "response_max_tokens": 24},
+        "engine": {"drafter": "none", "scheduler": "fixed", "max_num_seqs": 4, "max_model_len": 256},
+        "train": {"num_steps": 3, "batch_size": 2, "num_anchors": 3, "warmup_steps": 1, "checkpoint_every": 2,
+                  "heldout_fraction": 0.3},
+    }
+    model = {"dflash": {"num_layers": 1, "block_size": 4, "head_type": "none", "use_confidence": False},
+             "eagle3": {"block_size": 4}, "mtp1": {"block_size": 1}}
+    expected_loss = {"dflash": "ce", "eagle3": "kl", "mtp1": "kl"}
+    runner = CliRunner()
+    prompt = [5, 6, 7, 8, 9, 10]
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    target_only = Engine(EngineConfig(target=str(tiny_target_dir), drafter="none", scheduler="fixed",
+                                      num_draft_tokens=0, max_num_seqs=1, max_model_len=128), target=tiny_target)
+    expected = target_only.generate([prompt], params)[0].output_ids
+    for i, kind in enumerate(("dflash", "eagle3", "mtp1")):
+        cfg = {**base, "name": f"tiny_{kind}", "drafter": kind, "output": str(tmp_path / kind),
+               "model": {**model[kind], "draft_vocab_size": 40, "init_from_target": True}}
+        path = tmp_path / f"{kind}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        res = runner.invoke(app, ["train", "--config", str(path)])
+        assert res.exit_code == 0, res.output
+        report = json.loads(res.stdout.strip().splitlines()[-1])
+        assert all(report[s].get("skipped") for s in ("synth", "vocab", "cache")) == (i > 0)
+        assert report["train"]["drafter"] == kind and report["train"]["loss"] == expected_loss[kind]
+        assert report["train"]["num_steps"] == 3 and report["calibrate"]["skipped"]
+        assert (tmp_path / "work" / "runs" / f"tiny_{kind}" / "trained" / "model.safetensors").exists()
+        drafter = make_drafter(kind, tiny_target, path=str(tmp_path / kind))
+        assert drafter.name == kind and isinstance(drafter, DSparkDrafter if kind == "dflash" else ARDrafter)
+        spec = Engine(EngineConfig(target=str(tiny_target_dir), scheduler="fixed", num_draft_tokens=4,
+                                   max_num_seqs=1, max_model_len=128), target=tiny_target, drafter=drafter)
+        assert spec.generate([prompt], params)[0].output_ids == expected
+    assert not (tmp_path / "work" / "trained").exists()  # the DSpark run's folder stays untouched
+
+
 def test_bad_pipeline_config_is_refused_with_a_reason(tmp_path):
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump({"name": "x", "work_dir": "/tmp/x", "output": "/tmp/y", "trian": {}}))
     res = CliRunner().invoke(app, ["train", "--config", str(path)])
     assert res.exit_code == 2 and "trian" in res.output
+    for bad, reason in (({"drafter": "medusa"}, "drafter must be one of"),
+                        ({"drafter": "dflash"}, "head_type: none"),
+                        ({"drafter": "mtp1"}, "block_size: 1"),
+                        ({"train": {"loss": "mse"}}, "train.loss")):
+        path.write_text(yaml.safe_dump({"name": "x", "work_dir": "/tmp/x", "output": "/tmp/y", **bad}))
+        res = CliRunner().invoke(app, ["train", "--config", str(path)])
+        assert res.exit_code == 2 and reason in res.output, res.output

@@ -79,7 +79,7 @@ def run_engine(engine: Engine, prompts: list[list[int]], batch_size: int, max_ne
 
 def bench_decode(target: TargetModel, drafters: list[str], batch_sizes: list[int], num_prompts: int,
                  max_new_tokens: int, scheduler: str, num_draft_tokens: int, sps_profile: str | None,
-                 hf_dtypes: list[str]) -> dict:
+                 hf_dtypes: list[str], checkpoints: dict[str, str] | None = None) -> dict:
     torch.manual_seed(0)
     max_bs = max(batch_sizes)
     n = max(num_prompts, max_bs)
@@ -112,7 +112,8 @@ def bench_decode(target: TargetModel, drafters: list[str], batch_sizes: list[int
         if bs == 1 and "fp32" in hf:
             block["target_only_vs_hf_same_dtype"] = base.tok_s / hf.get(_dtype_key(target.dtype), hf["fp32"])
         for name in drafters:
-            drafter = make_drafter(name, target)
+            kwargs = {"path": checkpoints[name]} if checkpoints and name in checkpoints else {}
+            drafter = make_drafter(name, target, **kwargs)
             if isinstance(drafter, OracleDrafter):  # the target's own greedy continuation, not timed
                 for p, o in zip(arm_prompts, base.outputs):
                     drafter.set_continuation(p, p + o)

@@ -64,13 +64,17 @@ class FeatureDrafter(Drafter, Protocol):
         ...
 
 
-DRAFTER_NAMES = ("none", "ngram", "oracle", "dspark")
+DRAFTER_NAMES = ("none", "ngram", "oracle", "dspark", "dflash", "eagle3", "mtp1")
 CHECKPOINTS_DIR = Path(__file__).resolve().parents[2] / "checkpoints"
-DEFAULT_CHECKPOINTS = {"dspark": CHECKPOINTS_DIR / "dspark-smollm2"}
+DEFAULT_CHECKPOINTS = {name: CHECKPOINTS_DIR / f"{name}-smollm2" for name in ("dspark", "dflash", "eagle3", "mtp1")}
 
 
 def make_drafter(name: str, target: TargetModel, **kwargs: object) -> Drafter | None:
-    """Build a drafter by name; "none" means target-only decoding (returns None)."""
+    """Build a drafter by name; "none" means target-only decoding (returns None).
+
+    The trained drafters ("dspark", "dflash", "eagle3", "mtp1") load a checkpoint folder: `path=...`, by
+    default checkpoints/<name>-smollm2.
+    """
     if name == "none":
         return None
     if name == "ngram":
@@ -81,11 +85,24 @@ def make_drafter(name: str, target: TargetModel, **kwargs: object) -> Drafter | 
         from dspark.models.oracle import OracleDrafter
 
         return OracleDrafter(target, **kwargs)  # type: ignore[arg-type]
-    if name == "dspark":
+    if name not in DEFAULT_CHECKPOINTS:
+        raise ValueError(f"unknown drafter {name!r}; expected one of {', '.join(DRAFTER_NAMES)}")
+    path = Path(str(kwargs.pop("path", DEFAULT_CHECKPOINTS[name])))
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"no {name} checkpoint at {path} (config.json missing)")
+    if name in ("dspark", "dflash"):
         from dspark.models.dspark_drafter import DSparkDrafter
 
-        path = Path(str(kwargs.pop("path", DEFAULT_CHECKPOINTS[name])))
-        if not (path / "config.json").exists():
-            raise FileNotFoundError(f"no {name} checkpoint at {path} (config.json missing)")
-        return DSparkDrafter.from_pretrained(path, target, **kwargs)  # type: ignore[arg-type]
-    raise ValueError(f"unknown drafter {name!r}; expected one of {', '.join(DRAFTER_NAMES)}")
+        drafter = DSparkDrafter.from_pretrained(path, target, **kwargs)  # type: ignore[arg-type]
+        cfg = drafter.model.config
+        if name == "dflash" and (cfg.head_type != "none" or cfg.use_confidence):
+            raise ValueError(f"{path} is not a DFlash checkpoint (head_type={cfg.head_type!r}, "
+                             f"use_confidence={cfg.use_confidence}); DFlash has neither head")
+        drafter.name = name
+        return drafter
+    from dspark.models.ar_drafter import ARDrafter
+    from dspark.models.eagle3 import Eagle3Model
+    from dspark.models.mtp import MTPModel
+
+    model_class = Eagle3Model if name == "eagle3" else MTPModel
+    return ARDrafter.from_pretrained(model_class, path, target, **kwargs)  # type: ignore[arg-type]

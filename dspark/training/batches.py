@@ -75,3 +75,24 @@ def target_probs_over_draft_vocab(batch: TrainBatch, block_size: int, final_norm
     logits = F.rms_norm(h, (d,), final_norm_weight, eps) @ draft_head.t()  # (B, M·γ, N)
     probs = torch.exp(logits - lse[..., None])
     return probs.reshape(*src.shape, -1)
+
+
+def select_features(batch: TrainBatch, cache_layers: list[int], final_layer: int, layers: list[int]) -> torch.Tensor:
+    """The features of `layers` (HF hidden_states indices), concatenated: (B, L, len(layers)*D).
+
+    The cache holds the taps `cache_layers` in `batch.features` and the last layer (`final_layer`) in
+    `batch.final_hidden`, so a drafter conditioned on either trains from the same cache.
+    """
+    if list(layers) == list(cache_layers):
+        return batch.features
+    d = batch.final_hidden.shape[-1]
+    columns = []
+    for layer in layers:
+        if layer in cache_layers:
+            i = cache_layers.index(layer)
+            columns.append(batch.features[..., i * d:(i + 1) * d])
+        elif layer == final_layer:
+            columns.append(batch.final_hidden)
+        else:
+            raise ValueError(f"target layer {layer} is not in the cache (taps {cache_layers}, final {final_layer})")
+    return torch.cat(columns, dim=-1)

@@ -1,4 +1,6 @@
-"""`dspark train --config ...`: synth → (later stages) with each stage skipped when its output exists."""
+"""`dspark train --config ...`: synth → vocab → cache → train → calibrate → export, each stage skipped when
+its output exists. synth, vocab and cache are shared by every drafter kind trained in one work_dir; the train
+stage builds the kind named by `drafter` (dspark, dflash, eagle3, mtp1)."""
 
 from __future__ import annotations
 
@@ -11,10 +13,16 @@ from pathlib import Path
 
 import torch
 
+from dspark.models.ar_draft import ARDraftModel
 from dspark.models.dspark import DSparkModel
 from dspark.models.dspark_config import DSparkConfig, default_target_layers
+from dspark.models.eagle3 import Eagle3Model
+from dspark.models.eagle3_config import Eagle3Config
+from dspark.models.mtp import MTPModel
+from dspark.models.mtp_config import MTPConfig
 from dspark.models.target import TargetModel, load_target
-from dspark.training.batches import SequencePool
+from dspark.training.batches import SequencePool, TrainBatch, select_features
+from dspark.training.losses import loss_weights
 from dspark.training.pipeline_config import PipelineConfig
 from dspark.training.synth import SynthConfig, load_records, run_synthesis
 from dspark.training.target_cache import CachedShard, build_cache
@@ -95,14 +103,22 @@ def _shards(cfg: PipelineConfig, split: str) -> list[CachedShard]:
     return [CachedShard.load(p) for p in sorted((cfg.work_dir / "cache" / split).glob("cache-*.safetensors"))]
 
 
-def build_model(cfg: PipelineConfig) -> DSparkModel:
+def build_model(cfg: PipelineConfig) -> DSparkModel | ARDraftModel:
+    """The untrained drafter of kind `cfg.drafter`, on the shared draft vocabulary, attached to the target."""
     target = _target(cfg)
     vocab = json.loads((cfg.work_dir / "vocab.json").read_text())["draft_to_target"]
-    m = cfg.model
-    dcfg = DSparkConfig.from_target(target.model.config, draft_vocab_size=len(vocab), num_layers=m.num_layers,
-                                    block_size=m.block_size, head_type=m.head_type, markov_rank=m.markov_rank,
-                                    use_confidence=m.use_confidence, target_layers=_layers(cfg))
-    model = DSparkModel(dcfg, torch.tensor(vocab))
+    m, hf_cfg = cfg.model, target.model.config
+    model: DSparkModel | ARDraftModel
+    if cfg.drafter in ("dspark", "dflash"):  # DFlash: the same backbone, no heads (checked by the config)
+        dcfg = DSparkConfig.from_target(hf_cfg, draft_vocab_size=len(vocab), num_layers=m.num_layers,
+                                        block_size=m.block_size, head_type=m.head_type, markov_rank=m.markov_rank,
+                                        use_confidence=m.use_confidence, target_layers=_layers(cfg))
+        model = DSparkModel(dcfg, torch.tensor(vocab))
+    elif cfg.drafter == "eagle3":
+        model = Eagle3Model(Eagle3Config.from_target(hf_cfg, len(vocab), _layers(cfg), block_size=m.block_size),
+                            torch.tensor(vocab))
+    else:  # mtp1: conditioned on the target's last layer
+        model = MTPModel(MTPConfig.from_target(hf_cfg, len(vocab), [hf_cfg.num_hidden_layers]), torch.tensor(vocab))
     if m.init_from_target:
         log.info("draft layers initialised from target layers %s", model.init_from_target(target.model))
     model.attach_target(target.model.get_input_embeddings().weight.detach(),
@@ -111,7 +127,7 @@ def build_model(cfg: PipelineConfig) -> DSparkModel:
 
 
 def stage_train(cfg: PipelineConfig) -> dict:
-    final = cfg.work_dir / "trained"
+    final = cfg.run_dir / "trained"
     if (final / "config.json").exists():
         return {"skipped": True}
     torch.manual_seed(cfg.train.seed)
@@ -120,12 +136,20 @@ def stage_train(cfg: PipelineConfig) -> dict:
     t = cfg.train
     tcfg = TrainConfig(num_steps=t.num_steps, batch_size=t.batch_size, num_anchors=t.num_anchors, lr=t.lr,
                        warmup_steps=t.warmup_steps, weight_decay=t.weight_decay, grad_clip=t.grad_clip, seed=t.seed,
-                       checkpoint_every=t.checkpoint_every)
+                       checkpoint_every=t.checkpoint_every, loss_weights=loss_weights(cfg.loss))
     target = _target(cfg)
+    cache_layers = json.loads((cfg.work_dir / "cache" / "train" / "meta.json").read_text())["layers"]
+    final_layer = target.model.config.num_hidden_layers
+    wanted = list(model.config.target_layers)
+
+    def features_of(batch: TrainBatch) -> torch.Tensor:
+        return select_features(batch, cache_layers, final_layer, wanted)
+
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
     report = train(model, pool, target.model.model.norm.weight.detach(), target.model.config.rms_norm_eps, tcfg,
-                   cfg.work_dir / "train_state.pt")
+                   cfg.run_dir / "train_state.pt", features_of)
     model.save_pretrained(final)
-    return {"num_sequences": len(pool), **report}
+    return {"drafter": cfg.drafter, "loss": cfg.loss, "num_sequences": len(pool), **report}
 
 
 def stage_calibrate(cfg: PipelineConfig) -> dict:
@@ -135,8 +159,10 @@ def stage_calibrate(cfg: PipelineConfig) -> dict:
     from dspark.training.evaluate import calibration_report, run_rounds
     from dspark.verify_service.engine import Engine, EngineConfig
 
-    src = cfg.work_dir / "trained"
-    done = cfg.work_dir / "calibration.json"
+    src = cfg.run_dir / "trained"
+    done = cfg.run_dir / "calibration.json"
+    if cfg.drafter != "dspark" or not cfg.model.use_confidence:
+        return {"skipped": True, "reason": f"{cfg.drafter} has no confidence head to calibrate"}
     if done.exists():
         return {"skipped": True, **json.loads(done.read_text())}
     target = _target(cfg)
@@ -160,7 +186,7 @@ def stage_calibrate(cfg: PipelineConfig) -> dict:
 
 
 def stage_export(cfg: PipelineConfig) -> dict:
-    src = cfg.work_dir / "trained"
+    src = cfg.run_dir / "trained"
     out = cfg.output
     out.mkdir(parents=True, exist_ok=True)
     for name in ("config.json", "model.safetensors"):

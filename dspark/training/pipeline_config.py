@@ -5,7 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# drafter kinds the pipeline trains, and the objective each trains with unless `train.loss` says otherwise
+TRAINABLE_DRAFTERS = ("dspark", "dflash", "eagle3", "mtp1")
+DEFAULT_LOSS = {"dspark": "dspark", "dflash": "ce", "eagle3": "kl", "mtp1": "kl"}
+LOSS_NAMES = ("dspark", "ce", "tv", "kl")
 
 
 class _Strict(BaseModel):
@@ -33,12 +38,14 @@ class EngineSection(_Strict):
 
 
 class ModelSection(_Strict):
-    num_layers: int = Field(2, ge=1, description="Draft decoder layers.")
-    block_size: int = Field(7, ge=1, description="γ: draft block size.")
+    num_layers: int = Field(2, ge=1, description="Draft decoder layers (dspark, dflash; EAGLE-3 and MTP-1 have 1).")
+    block_size: int = Field(7, ge=1, description="γ: draft block size (EAGLE-3: training-time-test steps; "
+                            "MTP-1: must be 1).")
     head_type: str = Field("markov", description="markov | rnn | none (DFlash).")
     markov_rank: int = Field(256, ge=1, description="Rank r of W1·W2.")
     use_confidence: bool = Field(True, description="Train the confidence head.")
-    target_layers: list[int] | None = Field(None, description="Tapped target layers; null: low/mid/high.")
+    target_layers: list[int] | None = Field(None, description="Tapped target layers (cached; the drafter's "
+                                            "features, except MTP-1's: the last layer); null: low/mid/high.")
     draft_vocab_size: int = Field(8192, ge=16, description="N most frequent target tokens.")
     init_from_target: bool = Field(False, description="Start the draft layers from the target's top layers.")
 
@@ -53,6 +60,8 @@ class TrainSection(_Strict):
     grad_clip: float = Field(1.0, gt=0, description="Gradient norm clip.")
     seed: int = Field(0, description="Training seed.")
     checkpoint_every: int = Field(50, ge=1, description="Steps between resumable checkpoints.")
+    loss: str | None = Field(None, description="Objective: dspark (0.1 CE + 0.9 TV + BCE) | ce (DFlash) | tv "
+                             "(0.1 CE + 0.9 TV) | kl (EAGLE-3); null: the drafter's own.")
     heldout_fraction: float = Field(0.06, ge=0, lt=1, description="Held out for calibration/validation.")
     max_seq_len: int = Field(768, ge=16, description="Sequences are cut here for the cache.")
     num_calibration_prompts: int = Field(48, ge=1, description="Held-out prompts decoded to fit STS.")
@@ -62,12 +71,37 @@ class TrainSection(_Strict):
 class PipelineConfig(_Strict):
     name: str = Field(..., description="Run name.")
     target: str = Field("smollm2-135m-instruct", description="Target model.")
-    work_dir: Path = Field(..., description="Where data, caches and training checkpoints go.")
+    drafter: str = Field("dspark", description="What the train stage trains: dspark | dflash | eagle3 | mtp1.")
+    work_dir: Path = Field(..., description="Where data, caches and training checkpoints go; runs of other "
+                           "drafters sharing it reuse its data, vocab and cache and train under runs/<name>.")
     output: Path = Field(..., description="Final drafter checkpoint folder.")
     synth: SynthSection = Field(default_factory=SynthSection)
     engine: EngineSection = Field(default_factory=EngineSection)
     model: ModelSection = Field(default_factory=ModelSection)
     train: TrainSection = Field(default_factory=TrainSection)
+
+    @model_validator(mode="after")
+    def _check_drafter(self) -> PipelineConfig:
+        if self.drafter not in TRAINABLE_DRAFTERS:
+            raise ValueError(f"drafter must be one of {TRAINABLE_DRAFTERS}, got {self.drafter!r}")
+        if self.train.loss is not None and self.train.loss not in LOSS_NAMES:
+            raise ValueError(f"train.loss must be one of {LOSS_NAMES}, got {self.train.loss!r}")
+        if self.drafter == "dflash" and (self.model.head_type != "none" or self.model.use_confidence):
+            raise ValueError("dflash is the DSpark backbone without sequential or confidence head: set "
+                             "model.head_type: none and model.use_confidence: false")
+        if self.drafter == "mtp1" and self.model.block_size != 1:
+            raise ValueError("mtp1 drafts one token per round: set model.block_size: 1")
+        return self
+
+    @property
+    def loss(self) -> str:
+        """The training objective's name: `train.loss`, else the drafter's own."""
+        return self.train.loss or DEFAULT_LOSS[self.drafter]
+
+    @property
+    def run_dir(self) -> Path:
+        """Where this run's training state and trained weights go (DSpark: work_dir itself, as before)."""
+        return self.work_dir if self.drafter == "dspark" else self.work_dir / "runs" / self.name
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> PipelineConfig:

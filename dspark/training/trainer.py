@@ -6,14 +6,16 @@ import json
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from dspark.models.ar_draft import ARDraftModel
 from dspark.models.dspark import DSparkModel
-from dspark.training.batches import SequencePool, make_batch, target_probs_over_draft_vocab
+from dspark.training.batches import SequencePool, TrainBatch, make_batch, target_probs_over_draft_vocab
 from dspark.training.losses import LossWeights, dspark_loss
 
 
@@ -39,9 +41,12 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def train(model: DSparkModel, pool: SequencePool, final_norm: torch.Tensor, eps: float, cfg: TrainConfig,
-          ckpt_path: Path) -> dict:
-    """Train in place; resumes from ckpt_path (model, optimizer, step, RNG) when it exists."""
+def train(model: DSparkModel | ARDraftModel, pool: SequencePool, final_norm: torch.Tensor, eps: float,
+          cfg: TrainConfig, ckpt_path: Path, features_of: Callable[[TrainBatch], torch.Tensor] | None = None) -> dict:
+    """Train in place; resumes from ckpt_path (model, optimizer, step, RNG) when it exists.
+
+    `features_of` picks the features the model is conditioned on from a batch (default: the cached taps).
+    """
     torch.manual_seed(cfg.seed)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
@@ -64,7 +69,8 @@ def train(model: DSparkModel, pool: SequencePool, final_norm: torch.Tensor, eps:
                            cfg.num_anchors, gamma, gen)
         with torch.no_grad():
             p_t = target_probs_over_draft_vocab(batch, gamma, final_norm, eps, model.draft_lm_head)
-        out = model.forward_train(batch.features, batch.token_ids, batch.anchors, batch.seq_lens,
+        features = batch.features if features_of is None else features_of(batch)
+        out = model.forward_train(features, batch.token_ids, batch.anchors, batch.seq_lens,
                                   batch.is_anchor_valid)
         loss = dspark_loss(out, p_t, cfg.loss_weights)
         for g in opt.param_groups:
@@ -76,7 +82,8 @@ def train(model: DSparkModel, pool: SequencePool, final_norm: torch.Tensor, eps:
         step += 1
         blocks += int(batch.is_anchor_valid.sum())
         rec = {"step": step, "loss": loss.total.item(), "ce": loss.ce.item(), "tv": loss.tv.item(),
-               "conf": loss.conf.item(), "grad_norm": float(grad_norm), "lr": lr_at(step - 1, cfg),
+               "conf": loss.conf.item(), "kl": loss.kl.item(), "grad_norm": float(grad_norm),
+               "lr": lr_at(step - 1, cfg),
                "acceptance": [round(a, 4) for a in loss.acceptance_per_position.tolist()]}
         history.append(rec)
         bar.set_postfix(loss=f"{rec['loss']:.3f}", tv=f"{rec['tv']:.3f}", acc1=rec["acceptance"][0],
