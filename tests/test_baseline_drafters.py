@@ -22,6 +22,7 @@ from dspark.models.eagle3_config import Eagle3Config
 from dspark.models.mtp import MTPModel
 from dspark.models.mtp_config import MTPConfig
 from dspark.training.losses import dspark_loss, loss_weights
+from tests.spec.chi2 import ALPHA, chi_square_pvalue
 from tests.tiny_drafters import GAMMA, NUM_DRAFT_VOCAB, draft_vocab, make_ar, make_dflash, save_tiny_baseline
 
 
@@ -228,6 +229,31 @@ def test_sampled_propose_returns_the_distributions_the_tokens_were_drawn_from(ti
     logits = forced_block(model, features[:1], token_ids[:1], 7, out.tokens[0][:1]).logits[0, 0, 0]
     torch.testing.assert_close(out.probs[0][0, model.draft_to_target], torch.softmax(logits / 0.8, -1),
                                rtol=1e-4, atol=1e-5)
+
+
+def test_eagle3_sampled_tokens_follow_the_returned_distributions_step_after_step(tiny_target):
+    """The same request in 4000 rows: step 1 has one distribution for all rows; step 2, given the most
+    frequent first token, has one distribution for those rows. Chi-square at ALPHA (false failure odds
+    1e-4 per check; the seed is fixed, so the verdict is deterministic)."""
+    model = make_ar(tiny_target, "eagle3")
+    features, token_ids = random_batch(model, 1, 10)
+    num_rows, num_pending = 4000, 6
+    with torch.no_grad():
+        model.draft_lm_head.mul_(0.2)  # flatter distributions: many cells get counts
+    block = model.draft(None, torch.zeros(num_rows, dtype=torch.long),
+                        features[:, :num_pending].expand(num_rows, -1, -1),
+                        token_ids[:, 1:num_pending + 1].expand(num_rows, -1),
+                        torch.full((num_rows,), num_pending), temperatures=torch.full((num_rows,), 1.3),
+                        num_tokens=2, generator=torch.Generator().manual_seed(0))
+    first = block.probs[0, 0]
+    torch.testing.assert_close(block.probs[:, 0], first.expand(num_rows, -1))
+    torch.testing.assert_close(first, torch.softmax(block.logits[0, 0] / 1.3, -1))
+    assert chi_square_pvalue(torch.bincount(block.draft_ids[:, 0], minlength=NUM_DRAFT_VOCAB), first) > ALPHA
+    rows = block.draft_ids[:, 0] == block.draft_ids[:, 0].mode().values
+    second = block.probs[rows, 1]
+    torch.testing.assert_close(second, second[:1].expand_as(second))
+    counts = torch.bincount(block.draft_ids[rows, 1], minlength=NUM_DRAFT_VOCAB)
+    assert chi_square_pvalue(counts, second[0]) > ALPHA
 
 
 # ---- checkpoints, registry, initialisation ---------------------------------------------------------------
