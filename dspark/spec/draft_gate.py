@@ -9,8 +9,9 @@ that gap. After every drafted step at batch size B it estimates the gain ratio
 from the tokens actually verified and accepted, the measured time D the step spent on drafting (on the
 critical path only: a drafter overlapped with verification costs what the step waited for it), the SPS
 profile's step time T, and the measured time O a step spends outside its draft-verify round (admission,
-streaming replies, the serving loop), which both alternatives pay. While the smoothed g(B) stays at or below 1 the gate skips drafting at that
-batch size and probes again every few steps, backing off while probes keep losing.
+streaming replies, the serving loop), which both alternatives pay. While the smoothed g(B) stays at or
+below 1 the gate skips drafting at that batch size and probes again every few steps, backing off while
+probes keep losing.
 
 Lossless: whether a step drafts depends only on past steps (batch size, past acceptance, past timings),
 never on the tokens being verified, and a skipped step is exactly a target-only decode step.
