@@ -88,3 +88,16 @@ def test_central_capacity_uses_fresh_k_and_falls_back_to_algorithm_1_when_stale(
     cap.schedule(survival, SPS)
     cap.schedule(survival, SPS)  # K is now 3 steps old
     assert cap.num_central_steps == 2 and cap.num_fallback_steps == 2
+
+
+def test_central_capacity_reports_the_last_table_that_held_drafts():
+    # while the draft gate skips drafting the rows are empty; an empty table must not reach the scheduler
+    # (it would answer K = 0 and the gate's next probe would be verified at length 0)
+    cap = CentralCapacity()
+    drafted = [[0.9, 0.5], [0.7]]
+    cap.schedule(drafted, SPS)
+    cap.schedule([[], []], SPS)
+    cap.schedule([[], [], []], SPS)
+    assert cap.last_survival == drafted
+    assert ClusterScheduler().report(WorkerLoad("w", 2, 0, 8, 3, 70.0, 2.0, cap.last_survival,
+                                                SPS.to_dict())).capacity > 0

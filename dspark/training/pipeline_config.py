@@ -107,4 +107,5 @@ class PipelineConfig(_Strict):
     def from_yaml(cls, path: str | Path) -> PipelineConfig:
         cfg = cls.model_validate(yaml.safe_load(Path(path).read_text()))
         cfg.work_dir = cfg.work_dir.expanduser()
+        cfg.output = cfg.output.expanduser()
         return cfg

@@ -2,7 +2,9 @@
 
 The central `SchedulerActor` sets the capacity K from a survival table at least one step old (§5.2,
 asynchronous); each step the worker verifies its top-K candidates by CURRENT survival (prefix-closed,
-lossless, like `AsyncCapacity`). While no K has arrived, or the last one is older than
+lossless, like `AsyncCapacity`). The table reported is the last one that held drafts: while the draft
+gate skips drafting, K stays based on what drafts last achieved, so the gate's next probe is verified
+rather than cut to K = 0 by an empty table. While no K has arrived, or the last one is older than
 `max_age_steps` (scheduler unreachable or restarting), the step falls back to local Algorithm 1.
 """
 
@@ -33,7 +35,8 @@ class CentralCapacity:
 
     def schedule(self, survival: list[list[float]], sps: SPSTable) -> list[int]:
         self.age_steps += 1
-        self.last_survival = [list(row) for row in survival]
+        if any(survival):  # a step without drafts (draft gate closed) says nothing about survival: keep the last
+            self.last_survival = [list(row) for row in survival]
         if not self.is_fresh:
             self.num_fallback_steps += 1
             return self.fallback.schedule(survival, sps)
