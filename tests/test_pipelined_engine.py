@@ -61,7 +61,8 @@ def target_only(tiny_target, prompts) -> list[list[int]]:
 
 @pytest.mark.parametrize("num_micro_batches", [1, 2, 3])
 def test_pipelined_engine_greedy_equals_target_only(tiny_target, prompts, target_only, num_micro_batches):
-    engine = PipelinedEngine(config(tiny_target), target=tiny_target, num_micro_batches=num_micro_batches)
+    engine = PipelinedEngine(config(tiny_target, draft_gate=False), target=tiny_target,
+                             num_micro_batches=num_micro_batches)
     reqs = engine.generate(prompts, SamplingParams(max_tokens=NUM_NEW, ignore_eos=True))
     assert [r.output_ids for r in reqs] == target_only
     assert sum(r.num_accepted for r in reqs) > 0
@@ -134,6 +135,8 @@ def test_draft_gate_stops_drafting_where_it_loses_and_stays_lossless(tiny_target
     assert gate is not None and gate.num_skipped > gate.num_drafted > 0
     assert all(g < 1.0 for g in gate.gains().values())
     assert sum(s.draft_ms == 0.0 or not any(s.lengths) for s in engine.stats) == len(engine.stats)
+    if engine_cls is PipelinedEngine:  # with nothing to overlap, steps serve the whole batch, not one half
+        assert max(s.num_requests for s in engine.stats) == cfg.max_num_seqs
 
     cfg.draft_gate = False  # the same run without the gate drafts every step
     engine = engine_cls(cfg, target=tiny_target)

@@ -5,6 +5,10 @@ verify, commit, then submit g's next draft round. With a remote drafter, that dr
 worker while this worker verifies the other micro-batch, so neither side idles. Drafts are taken from
 each request's committed tokens only, so the output distribution is the same as the sequential
 engine's; a request admitted since g's last submission simply has no draft this step (ℓ = 0).
+
+While the draft gate skips drafting and no round is in flight there is nothing to overlap, so a step
+serves every micro-batch at once (one full batch through the target, as plain decoding would); ping-pong
+resumes as soon as the gate lets a micro-batch draft again.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class PipelinedEngine(Engine):
         self._turn = 0
         self._in_flight: dict[int, list[str]] = {}  # micro-batch -> request ids of its submitted round
         self._submit_ms: dict[int, float] = {}  # micro-batch -> time its last submit took (local drafting)
+        self._merged = False  # the gate refused the last submission: step all micro-batches together
         self._rounds = self._make_rounds()
 
     def _make_rounds(self) -> object | None:
@@ -65,14 +70,19 @@ class PipelinedEngine(Engine):
         outputs += self._admit()
         group = self._turn
         self._turn = (self._turn + 1) % self.num_micro_batches
-        active = [r for r in self.running if not r.is_finished and r.micro_batch == group]
-        if active:
-            outputs += self._round(active, lambda: self._collect(group, active), group,
-                                   self._submit_ms.pop(group, 0.0))
-        elif group in self._in_flight:  # everyone in it left: drain the round to keep replies in order
-            self._collect(group, [])
+        running = [r for r in self.running if not r.is_finished]
+        if self._merged and not self._in_flight:  # no draft to overlap: one round over every micro-batch
+            if running:
+                outputs += self._round(running, lambda: DraftOutput(tokens=[[] for _ in running]), group)
+        else:
+            active = [r for r in running if r.micro_batch == group]
+            if active:
+                outputs += self._round(active, lambda: self._collect(group, active), group,
+                                       self._submit_ms.pop(group, 0.0))
+            elif group in self._in_flight:  # everyone in it left: drain the round to keep replies in order
+                self._collect(group, [])
         self._release_finished()
-        self._submit(group, [r for r in active if not r.is_finished])
+        self._submit(group, [r for r in running if r.micro_batch == group and not r.is_finished])
         return outputs
 
     def _admit(self) -> list[RequestOutput]:
@@ -104,7 +114,10 @@ class PipelinedEngine(Engine):
 
     def _submit(self, group: int, active: list[Request]) -> None:
         gamma = self.config.num_draft_tokens
-        if self._rounds is None or gamma == 0 or not active or not self._gate_allows(len(active)):
+        if self._rounds is None or gamma == 0 or not active:
+            return
+        self._merged = not self._gate_allows(len(active))
+        if self._merged:
             return
         reqs = [DraftRequest(r.request_id, r.token_ids, r.params.temperature) for r in active]
         t0 = time.perf_counter()
