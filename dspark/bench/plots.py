@@ -100,7 +100,9 @@ def plot_serve_verify_len(result: dict, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6, 4.5))
     levels_seen: set[int] = set()
     for arm, levels in _serve_levels(result).items():
-        pts = [(lv["concurrency"], lv["mean_verify_len"]) for lv in levels if lv.get("mean_verify_len")]
+        if (result["arms"][arm].get("config") or {}).get("drafter") == "none":
+            continue  # nothing to verify; a spec arm at 0 (draft gate closed) is drawn
+        pts = [(lv["concurrency"], lv["mean_verify_len"]) for lv in levels if lv.get("mean_verify_len") is not None]
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=arm, color=_arm_color(result, arm))
             levels_seen.update(p[0] for p in pts)
