@@ -175,6 +175,29 @@ def eval_cmd(
     _emit(summary, out_dir / f"eval_{drafter}.json")
 
 
+@app.command("compare")
+def compare_cmd(
+    reports: list[Path] = typer.Argument(..., help="`dspark eval` JSON files, one per drafter."),
+    out: Path = typer.Option(Path("out/compare.png"), help="PNG: acceptance by position, a panel per domain."),
+    temperature: str = typer.Option("1.0", help="Which temperature's runs to draw."),
+) -> None:
+    """Drafters side by side from their `dspark eval` reports: τ table (JSON) and the Fig. 2 plot."""
+    from dspark.bench.plots import plot_acceptance_by_domain
+
+    loaded: dict[str, dict] = {}
+    for path in reports:
+        try:
+            report = json.loads(path.read_text())
+            loaded[str(report["drafter"])] = report
+        except (OSError, ValueError, KeyError) as exc:
+            typer.echo(f"error: {path} is not a `dspark eval` report: {exc}", err=True)
+            raise typer.Exit(2) from exc
+    table = {name: {temp: {"tau_macro": run["tau_macro"], "tau": run["tau"], "tau_by_domain": run["tau_by_domain"]}
+                    for temp, run in report["runs"].items()} for name, report in loaded.items()}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _emit({"tau": table, "plot": str(plot_acceptance_by_domain(loaded, out, temperature))}, None)
+
+
 @bench_app.command("decode")
 def bench_decode_cmd(
     drafters: str = typer.Option("ngram,oracle", help="Comma-separated drafter names (none, ngram, oracle, dspark, "

@@ -399,6 +399,12 @@ def test_eval_and_bench_decode_accept_the_baseline_names(tiny_target_dir, tiny_t
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout.strip().splitlines()[-1])
     assert summary["drafter"] == kind and summary["T=0.0"]["tau_macro"] >= 1.0
+    res = runner.invoke(app, ["compare", str(tmp_path / "eval" / f"eval_{kind}.json"), "--temperature", "0.0",
+                              "--out", str(tmp_path / "compare.png")])
+    assert res.exit_code == 0, res.output
+    table = json.loads(res.stdout.strip().splitlines()[-1])
+    assert table["tau"][kind]["0.0"]["tau_macro"] == summary["T=0.0"]["tau_macro"]
+    assert (tmp_path / "compare.png").stat().st_size > 0
     res = runner.invoke(app, ["bench", "decode", "--drafters", kind, "--checkpoint", f"{kind}={ckpt}",
                               "--target", str(tiny_target_dir), "--batch-sizes", "1", "--num-prompts", "1",
                               "--max-new-tokens", "8", "--hf-dtypes", ""])

@@ -34,6 +34,43 @@ def plot_conditional_acceptance(report: dict, path: Path, title: str = "") -> Pa
     return path
 
 
+def plot_acceptance_by_domain(reports: dict[str, dict], path: Path, temperature: str = "1.0") -> Path:
+    """The paper's Fig. 2: P(accept k | prefix accepted) by position, one panel per domain, a line per drafter.
+
+    `reports` maps a drafter name to its `dspark eval` JSON; a domain's curve pools its datasets' rounds.
+    """
+    seen = {d["domain"] for report in reports.values() for run in report["runs"].values()
+            for d in run["per_dataset"].values()}
+    domains = [d for d in ("math", "code", "chat") if d in seen] + sorted(seen - {"math", "code", "chat"})
+    fig, axes = plt.subplots(1, len(domains), figsize=(5 * len(domains), 4), squeeze=False, sharey=True)
+    for ax, domain in zip(axes[0], domains):
+        for name, report in reports.items():
+            run = report["runs"].get(temperature)
+            if run is None:
+                continue
+            sets = [d for d in run["per_dataset"].values() if d["domain"] == domain]
+            if not sets:
+                continue
+            width = max(len(d["conditional_acceptance"]) for d in sets)
+            curve = []
+            for k in range(width):  # rounds-weighted mean of the datasets that reached position k
+                pts = [(d["conditional_acceptance"][k], d["num_rounds"]) for d in sets
+                       if k < len(d["conditional_acceptance"]) and d["conditional_acceptance"][k] is not None]
+                curve.append(sum(a * w for a, w in pts) / sum(w for _, w in pts) if pts else None)
+            xs = [k + 1 for k, a in enumerate(curve) if a is not None]
+            ax.plot(xs, [a for a in curve if a is not None], marker="o", label=name)
+        ax.set_title(f"{domain} (T={temperature})")
+        ax.set_xlabel("draft position k")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("P(accept k | 1..k-1 accepted)")
+    axes[0][0].set_ylim(0, 1)
+    axes[0][-1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_reliability(logits: torch.Tensor, survived: torch.Tensor, valid: torch.Tensor,
                      temperatures: list[float] | None, path: Path, num_bins: int = 20) -> Path:
     """Reliability diagram of prefix survival a_k (all positions pooled), before and after STS."""
