@@ -185,6 +185,34 @@ def test_observe_and_propose_match_teacher_forced_training(tiny_target, head_typ
     torch.testing.assert_close(block.logits[0], out.logits[0, 0], rtol=1e-4, atol=1e-4)
 
 
+def test_observe_queues_rows_until_a_draft_needs_them(tiny_target):
+    # the engine may skip drafting for many steps (draft gate): rows wait and are projected in one call
+    model = make_model(tiny_target)
+    lazy, eager = DSparkDrafter(model, tiny_target), DSparkDrafter(model, tiny_target)
+    features, token_ids = random_batch(model, 1, 24)
+    for i in range(10):
+        lazy.observe("r", features[0, i:i + 1])
+    assert "r" not in lazy._contexts  # nothing projected yet
+    eager.observe("r", features[0, :10])
+    first = lazy.propose([DraftRequest("r", token_ids[0, :11].tolist(), 0.0)], 4)
+    assert lazy._contexts["r"].length == 10
+    assert first.tokens == eager.propose([DraftRequest("r", token_ids[0, :11].tolist(), 0.0)], 4).tokens
+    for i in range(10, 20):  # a second round, queued again
+        lazy.observe("r", features[0, i:i + 1])
+    eager.observe("r", features[0, 10:20])
+    second = lazy.propose([DraftRequest("r", token_ids[0, :21].tolist(), 0.0)], 4)
+    expected = eager.propose([DraftRequest("r", token_ids[0, :21].tolist(), 0.0)], 4)
+    assert second.tokens == expected.tokens
+    torch.testing.assert_close(torch.tensor(second.confidences), torch.tensor(expected.confidences),
+                               rtol=1e-4, atol=1e-5)
+    long_rows = features[0, :1].expand(300, -1)
+    for row in long_rows:  # a request that never drafts: the queue is bounded
+        lazy.observe("idle", row[None])
+    assert lazy._contexts["idle"].length == 256 and lazy._num_pending["idle"] == 44
+    lazy.release("idle")
+    assert "idle" not in lazy._contexts and "idle" not in lazy._pending
+
+
 def test_batched_propose_with_padding_equals_one_request_at_a_time(tiny_target):
     model = make_model(tiny_target)
     drafter = DSparkDrafter(model, tiny_target)

@@ -1,8 +1,10 @@
 """DSparkDrafter: the FeatureDrafter around a DSparkModel, with a per-request draft-side context cache.
 
-`observe` projects each new target feature row ONCE into every draft layer's K (RoPE'd at its absolute
-position) and V, appended to the request's cache: O(n) work per observed token, never a recompute of the
-context. `propose` pads the batch's caches to the longest, runs one batched backbone pass over the γ block
+`observe` queues each new target feature row; the rows are projected ONCE into every draft layer's K
+(RoPE'd at its absolute position) and V when a draft needs them (or when many are queued), appended to the
+request's cache: O(n) work per observed token, never a recompute of the context, and one projection call
+per request and draft round rather than one per target step (the engine's draft gate may skip drafting
+for many steps). `propose` pads the batch's caches to the longest, runs one batched backbone pass over the γ block
 positions and the sequential head, and returns target-vocab ids, draft distributions (sampled requests
 only) and confidences.
 """
@@ -16,6 +18,8 @@ import torch
 from dspark.models.drafter import DraftOutput, DraftRequest
 from dspark.models.dspark import DSparkModel
 from dspark.models.target import TargetModel
+
+_MAX_PENDING_ROWS = 256
 
 
 class _ContextCache:
@@ -55,6 +59,8 @@ class DSparkDrafter:
         self.block_size = model.config.block_size
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self._contexts: dict[str, _ContextCache] = {}
+        self._pending: dict[str, list[torch.Tensor]] = {}  # observed rows not yet projected, per request
+        self._num_pending: dict[str, int] = {}
 
     @classmethod
     def from_pretrained(cls, path: str | Path, target: TargetModel, device: str | torch.device | None = None,
@@ -66,12 +72,23 @@ class DSparkDrafter:
 
     @torch.inference_mode()
     def observe(self, request_id: str, features: torch.Tensor) -> None:
-        """Append the K/V of the request's next n context positions; features (n, taps*D_t)."""
+        """Queue the features (n, taps*D_t) of the request's next n context positions."""
         if features.shape[0] == 0:
+            return
+        self._pending.setdefault(request_id, []).append(features.to(self.device, copy=True))
+        self._num_pending[request_id] = self._num_pending.get(request_id, 0) + features.shape[0]
+        if self._num_pending[request_id] >= _MAX_PENDING_ROWS:  # bound the queue of a request that never drafts
+            self._flush(request_id)
+
+    def _flush(self, request_id: str) -> None:
+        """Project the request's queued rows in one call and append their K/V to its cache."""
+        rows = self._pending.pop(request_id, None)
+        self._num_pending.pop(request_id, None)
+        if not rows:
             return
         cache = self._contexts.get(request_id)
         start = 0 if cache is None else cache.length
-        kv = self.model.context_kv(features.to(self.device), start)  # (num_layers, 2, Hkv, n, hd)
+        kv = self.model.context_kv(torch.cat(rows) if len(rows) > 1 else rows[0], start)  # (layers, 2, Hkv, n, hd)
         if cache is None:
             cache = self._contexts[request_id] = _ContextCache(kv, 2 * kv.shape[-2])
         cache.append(kv)
@@ -116,6 +133,7 @@ class DSparkDrafter:
         return DraftOutput(tokens=tokens, probs=probs, confidences=confidences)
 
     def _context_of(self, request: DraftRequest) -> _ContextCache:
+        self._flush(request.request_id)
         cache = self._contexts.get(request.request_id)
         expected = len(request.token_ids) - 1
         if cache is None or cache.length != expected:
@@ -126,3 +144,5 @@ class DSparkDrafter:
 
     def release(self, request_id: str) -> None:
         self._contexts.pop(request_id, None)
+        self._pending.pop(request_id, None)
+        self._num_pending.pop(request_id, None)
