@@ -25,6 +25,7 @@ from dspark.models.ar_config import ARDraftConfig
 from dspark.models.draft_sampling import sample_draft_token
 from dspark.models.dspark import DSparkTrainOutput
 from dspark.models.runner import _linear
+from dspark.models.target_tied import TargetTiedMixin
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -74,7 +75,7 @@ class _CausalLayer(nn.Module):
         return x + F.linear(F.silu(gate) * up, self.down_proj.weight), k, v
 
 
-class ARDraftModel(nn.Module):
+class ARDraftModel(TargetTiedMixin, nn.Module):
     """Trainable part of a one-layer autoregressive drafter; subclasses define `encode_features`."""
 
     config_class: ClassVar[type[ARDraftConfig]] = ARDraftConfig
@@ -144,46 +145,8 @@ class ARDraftModel(nn.Module):
         return [len(layers) - 1]
 
     # ---- vocabulary and frozen target weights ------------------------------------------------------
-    def set_draft_vocab(self, draft_to_target: torch.Tensor) -> None:
-        """Choose the N target tokens the drafter can propose (distinct ids in [0, V_t))."""
-        ids = torch.as_tensor(draft_to_target, dtype=torch.long).flatten()
-        n, vocab = self.config.draft_vocab_size, self.config.target_vocab_size
-        if ids.numel() != n:
-            raise ValueError(f"draft_to_target needs {n} ids, got {ids.numel()}")
-        if ids.min() < 0 or ids.max() >= vocab or ids.unique().numel() != n:
-            raise ValueError(f"draft_to_target must hold distinct ids in [0, {vocab})")
-        self.draft_to_target.copy_(ids)
-        self._rebuild_vocab_maps()
-
-    def _rebuild_vocab_maps(self) -> None:
-        n = self.config.draft_vocab_size
-        self.target_to_draft.fill_(n)
-        self.target_to_draft[self.draft_to_target] = torch.arange(n, device=self.draft_to_target.device)
-        if self._target_lm_head is not None:
-            head = self._target_lm_head[self.draft_to_target.to(self._target_lm_head.device)]
-            self.draft_lm_head = head.to(self.in_proj.weight.device, self.in_proj.weight.dtype)
-
-    def attach_target(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
-        """Share the target's frozen embedding (V_t, D) and LM head (V_t, D); they are never saved."""
-        expected = (self.config.target_vocab_size, self.config.hidden_size)
-        for name, w in (("embed_weight", embed_weight), ("lm_head_weight", lm_head_weight)):
-            if tuple(w.shape) != expected:
-                raise ValueError(f"{name} has shape {tuple(w.shape)}, expected {expected}")
-        param = self.in_proj.weight
-        self.target_embed = embed_weight.detach().to(param.device, param.dtype)
-        self._target_lm_head = lm_head_weight.detach()
-        self._rebuild_vocab_maps()
-
-    def _check_attached(self) -> None:
-        if self.target_embed is None or self.draft_lm_head is None:
-            raise RuntimeError("call attach_target(embed_weight, lm_head_weight) before running the drafter")
-
-    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions (...,) -> cos, sin (..., hd)."""
-        angles = positions.to(torch.float32)[..., None] * self.inv_freq  # (..., hd/2)
-        angles = torch.cat([angles, angles], dim=-1)
-        dtype = self.in_proj.weight.dtype
-        return angles.cos().to(dtype), angles.sin().to(dtype)
+    def _reference_weight(self) -> torch.Tensor:
+        return self.in_proj.weight
 
     # ---- one layer step ------------------------------------------------------------------------------
     def _input(self, feature: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
