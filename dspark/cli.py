@@ -132,7 +132,10 @@ def eval_cmd(
     temperature: list[float] = typer.Option([1.0, 0.0], "--temperature", help="Sampling temperatures."),
     num_prompts: int = typer.Option(10, min=1, help="Prompts per dataset."),
     max_new_tokens: int = typer.Option(128, min=1),
-    block_size: int = typer.Option(7, min=1, help="γ: fixed verification block (no scheduler)."),
+    block_size: int | None = typer.Option(None, min=1, help="γ: fixed verification block (no scheduler); default: "
+                                          "the drafter's own block size (7 for ngram/oracle)."),
+    label: str | None = typer.Option(None, help="Name of this run in the report, its files and `dspark compare` "
+                                     "(default: the drafter name), e.g. dspark_g12 for an ablation."),
     out_dir: Path = typer.Option(Path("out/eval"), help="Where the PNG plots and JSON go."),
     target: str = TARGET, device: str = DEVICE, dtype: str | None = DTYPE, num_threads: int | None = THREADS,
 ) -> None:
@@ -150,6 +153,9 @@ def eval_cmd(
     except (ValueError, FileNotFoundError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
+    if block_size is None:
+        block_size = int(getattr(d, "block_size", 7))
+    name = label or drafter
     sts = None
     model = getattr(d, "model", None)
     if model is not None and getattr(model.config, "sts_temperatures", None):
@@ -159,20 +165,20 @@ def eval_cmd(
                       sts_temperatures=sts)
     rounds = report.pop("_rounds")
     out_dir.mkdir(parents=True, exist_ok=True)
-    report["plots"] = [str(plot_conditional_acceptance(report, out_dir / f"acceptance_{drafter}.png", drafter))]
+    report["plots"] = [str(plot_conditional_acceptance(report, out_dir / f"acceptance_{name}.png", name))]
     for temp, r in rounds.items():
         logits, survived, valid = r.calibration_arrays(block_size)
         if logits.shape[0]:
             report["plots"].append(str(plot_reliability(logits, survived, valid, sts,
-                                                        out_dir / f"reliability_{drafter}_T{temp}.png")))
-    summary = {"drafter": drafter, "sts_temperatures": sts, **report}
+                                                        out_dir / f"reliability_{name}_T{temp}.png")))
+    summary = {"drafter": name, "kind": drafter, "checkpoint": checkpoint, "sts_temperatures": sts, **report}
     for temp, run in report["runs"].items():
         cal = run["calibration"]
         summary[f"T={temp}"] = {"tau": run["tau"], "tau_macro": run["tau_macro"],
                                 "conditional_acceptance": run["conditional_acceptance"],
                                 "ece_before": cal.get("ece_before_mean"), "ece_after": cal.get("ece_after_mean"),
                                 "auc": cal.get("auc_after", cal.get("auc_before"))}
-    _emit(summary, out_dir / f"eval_{drafter}.json")
+    _emit(summary, out_dir / f"eval_{name}.json")
 
 
 @app.command("compare")
@@ -180,9 +186,12 @@ def compare_cmd(
     reports: list[Path] = typer.Argument(..., help="`dspark eval` JSON files, one per drafter."),
     out: Path = typer.Option(Path("out/compare.png"), help="PNG: acceptance by position, a panel per domain."),
     temperature: str = typer.Option("1.0", help="Which temperature's runs to draw."),
+    gamma_sweep: bool = typer.Option(False, "--gamma-sweep", help="The reports are one drafter kind per block size "
+                                     "γ: also give τ against γ and DSpark/DFlash per γ (Fig. 4, <out>_gamma.png)."),
 ) -> None:
     """Drafters side by side from their `dspark eval` reports: τ table (JSON) and the Fig. 2 plot."""
-    from dspark.bench.plots import plot_acceptance_by_domain
+    from dspark.bench.gamma_sweep import gamma_sweep as sweep_of
+    from dspark.bench.plots import plot_acceptance_by_domain, plot_gamma_sweep
 
     loaded: dict[str, dict] = {}
     for path in reports:
@@ -195,7 +204,16 @@ def compare_cmd(
     table = {name: {temp: {"tau_macro": run["tau_macro"], "tau": run["tau"], "tau_by_domain": run["tau_by_domain"]}
                     for temp, run in report["runs"].items()} for name, report in loaded.items()}
     out.parent.mkdir(parents=True, exist_ok=True)
-    _emit({"tau": table, "plot": str(plot_acceptance_by_domain(loaded, out, temperature))}, None)
+    result: dict = {"tau": table, "plot": str(plot_acceptance_by_domain(loaded, out, temperature))}
+    if gamma_sweep:
+        try:
+            sweep = sweep_of(loaded, temperature)
+        except ValueError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from exc
+        gamma_png = out.with_name(f"{out.stem}_gamma.png")
+        result["gamma_sweep"] = {**sweep, "plot": str(plot_gamma_sweep(sweep, gamma_png, temperature))}
+    _emit(result, None)
 
 
 @bench_app.command("decode")

@@ -395,15 +395,16 @@ def test_eval_and_bench_decode_accept_the_baseline_names(tiny_target_dir, tiny_t
     runner = CliRunner()
     res = runner.invoke(app, ["eval", "--drafter", kind, "--checkpoint", str(ckpt), "--target", str(tiny_target_dir),
                               "--datasets", str(data), "--temperature", "0", "--num-prompts", "2",
-                              "--max-new-tokens", "8", "--block-size", "4", "--out-dir", str(tmp_path / "eval")])
+                              "--max-new-tokens", "8", "--label", f"{kind}_run", "--out-dir", str(tmp_path / "eval")])
     assert res.exit_code == 0, res.output
     summary = json.loads(res.stdout.strip().splitlines()[-1])
-    assert summary["drafter"] == kind and summary["T=0.0"]["tau_macro"] >= 1.0
-    res = runner.invoke(app, ["compare", str(tmp_path / "eval" / f"eval_{kind}.json"), "--temperature", "0.0",
+    assert summary["drafter"] == f"{kind}_run" and summary["kind"] == kind and summary["T=0.0"]["tau_macro"] >= 1.0
+    assert summary["gamma"] == (1 if kind == "mtp1" else GAMMA)  # no --block-size: the checkpoint's own
+    res = runner.invoke(app, ["compare", str(tmp_path / "eval" / f"eval_{kind}_run.json"), "--temperature", "0.0",
                               "--out", str(tmp_path / "compare.png")])
     assert res.exit_code == 0, res.output
     table = json.loads(res.stdout.strip().splitlines()[-1])
-    assert table["tau"][kind]["0.0"]["tau_macro"] == summary["T=0.0"]["tau_macro"]
+    assert table["tau"][f"{kind}_run"]["0.0"]["tau_macro"] == summary["T=0.0"]["tau_macro"]
     assert (tmp_path / "compare.png").stat().st_size > 0
     res = runner.invoke(app, ["bench", "decode", "--drafters", kind, "--checkpoint", f"{kind}={ckpt}",
                               "--target", str(tiny_target_dir), "--batch-sizes", "1", "--num-prompts", "1",

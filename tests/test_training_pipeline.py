@@ -11,6 +11,7 @@ from dspark.cli import app
 from dspark.models.ar_drafter import ARDrafter
 from dspark.models.drafter import make_drafter
 from dspark.models.dspark_drafter import DSparkDrafter
+from dspark.training.pipeline_config import PipelineConfig
 from dspark.verify_service.engine import Engine, EngineConfig
 from dspark.verify_service.request import SamplingParams
 
@@ -87,7 +88,11 @@ def test_baselines_train_on_one_shared_work_dir_and_serve_by_name(tiny_target_di
         spec = Engine(EngineConfig(target=str(tiny_target_dir), scheduler="fixed", num_draft_tokens=4,
                                    max_num_seqs=1, max_model_len=128), target=tiny_target, drafter=drafter)
         assert spec.generate([prompt], params)[0].output_ids == expected
-    assert not (tmp_path / "work" / "trained").exists()  # the DSpark run's folder stays untouched
+    # every run keeps its own weights under runs/<name>: two runs of one kind (an ablation) never share them
+    assert sorted(p.name for p in (tmp_path / "work" / "runs").iterdir()) == ["tiny_dflash", "tiny_eagle3", "tiny_mtp1"]
+    assert not (tmp_path / "work" / "trained").exists()
+    a, b = (PipelineConfig.model_validate({**base, "name": n, "output": "/tmp/x"}) for n in ("dspark_g4", "dspark_g8"))
+    assert a.run_dir != b.run_dir and a.run_dir.parent == b.run_dir.parent == tmp_path / "work" / "runs"
 
 
 def test_bad_pipeline_config_is_refused_with_a_reason(tmp_path):

@@ -71,6 +71,30 @@ def plot_acceptance_by_domain(reports: dict[str, dict], path: Path, temperature:
     return path
 
 
+def plot_gamma_sweep(sweep: dict, path: Path, temperature: str = "1.0") -> Path:
+    """The paper's Fig. 4: τ (macro) against block size γ per drafter kind, and τ_DSpark / τ_DFlash."""
+    has_ratio = bool(sweep["ratio"])
+    fig, axes = plt.subplots(1, 2 if has_ratio else 1, figsize=(10 if has_ratio else 5, 4), squeeze=False)
+    for kind, points in sweep["tau_macro"].items():
+        gammas = sorted(points)
+        axes[0][0].plot(gammas, [points[g] for g in gammas], marker="o", label=kind)
+    axes[0][0].set_xlabel("block size γ")
+    axes[0][0].set_ylabel(f"τ, macro average (T={temperature})")
+    axes[0][0].grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    if has_ratio:
+        gammas = sorted(sweep["ratio"])
+        axes[0][1].plot(gammas, [sweep["ratio"][g] for g in gammas], marker="o", color="tab:purple")
+        axes[0][1].axhline(1.0, color="grey", lw=0.8)
+        axes[0][1].set_xlabel("block size γ")
+        axes[0][1].set_ylabel("τ DSpark / τ DFlash")
+        axes[0][1].grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_reliability(logits: torch.Tensor, survived: torch.Tensor, valid: torch.Tensor,
                      temperatures: list[float] | None, path: Path, num_bins: int = 20) -> Path:
     """Reliability diagram of prefix survival a_k (all positions pooled), before and after STS."""

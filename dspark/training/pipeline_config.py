@@ -100,8 +100,9 @@ class PipelineConfig(_Strict):
 
     @property
     def run_dir(self) -> Path:
-        """Where this run's training state and trained weights go (DSpark: work_dir itself, as before)."""
-        return self.work_dir if self.drafter == "dspark" else self.work_dir / "runs" / self.name
+        """Where this run's training state, trained weights and calibration go: runs sharing a work_dir (the
+        drafter comparison, the ablations) share its data, vocab and cache and keep their own weights here."""
+        return self.work_dir / "runs" / self.name
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> PipelineConfig:
