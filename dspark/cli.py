@@ -219,7 +219,8 @@ def compare_cmd(
 @bench_app.command("decode")
 def bench_decode_cmd(
     drafters: str = typer.Option("ngram,oracle", help="Comma-separated drafter names (none, ngram, oracle, dspark, "
-                                 "dflash, eagle3, mtp1; trained ones load checkpoints/<name>-smollm2)."),
+                                 "dflash, eagle3, mtp1; trained ones load checkpoints/<name>-smollm2); "
+                                 "dspark-nosts: the same DSpark checkpoint without its STS temperatures."),
     batch_sizes: str = typer.Option("1,8"),
     num_prompts: int = typer.Option(4, min=1, help="Prompts decoded one by one at batch 1."),
     max_new_tokens: int = typer.Option(128, min=1),

@@ -46,3 +46,24 @@ def test_bench_batching_prints_json_last(tiny_target_dir):
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert set(out["cases"]) and out["max_mixed_over_uniform"] > 0
+
+
+def test_bench_decode_runs_a_dspark_checkpoint_with_and_without_its_sts_side_by_side(tiny_target_dir, tiny_target,
+                                                                                   tmp_path):
+    from dspark.models.dspark import DSparkModel
+    from dspark.models.dspark_config import DSparkConfig
+    from tests.tiny_drafters import NUM_DRAFT_VOCAB, draft_vocab
+
+    cfg = DSparkConfig.from_target(tiny_target.model.config, NUM_DRAFT_VOCAB, intermediate_size=96, block_size=4,
+                                   sts_temperatures=[0.5, 1.0, 2.0, 4.0])
+    DSparkModel(cfg, draft_vocab(tiny_target.model.config.vocab_size)).save_pretrained(tmp_path / "ckpt")
+    args = ["bench", "decode", "--checkpoint", f"dspark={tmp_path / 'ckpt'}", "--target", str(tiny_target_dir),
+            "--batch-sizes", "1", "--num-prompts", "1", "--max-new-tokens", "8", "--num-draft-tokens", "4",
+            "--scheduler", "greedy", "--hf-dtypes", ""]
+    res = runner.invoke(app, [*args, "--drafters", "dspark,dspark-nosts"])
+    assert res.exit_code == 0, res.output
+    arms = json.loads(res.stdout.strip().splitlines()[-1])["batch1"]["drafters"]
+    assert set(arms) == {"dspark", "dspark-nosts"}
+    assert all(a["greedy_identical_to_target_only"] and a["scheduler"] == "greedy" for a in arms.values())
+    res = runner.invoke(app, [*args, "--drafters", "ngram-nosts"])
+    assert res.exit_code == 2 and "no STS temperatures to drop" in res.output

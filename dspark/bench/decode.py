@@ -15,7 +15,7 @@ import torch
 from tqdm import tqdm
 
 from dspark.bench.prompts import mixed_prompts
-from dspark.models.drafter import make_drafter
+from dspark.models.drafter import Drafter, make_drafter
 from dspark.models.oracle import OracleDrafter
 from dspark.models.target import TargetModel
 from dspark.verify_service.engine import Engine, EngineConfig
@@ -112,13 +112,12 @@ def bench_decode(target: TargetModel, drafters: list[str], batch_sizes: list[int
         if bs == 1 and "fp32" in hf:
             block["target_only_vs_hf_same_dtype"] = base.tok_s / hf.get(_dtype_key(target.dtype), hf["fp32"])
         for name in drafters:
-            kwargs = {"path": checkpoints[name]} if checkpoints and name in checkpoints else {}
-            drafter = make_drafter(name, target, **kwargs)
+            drafter = _drafter(name, target, checkpoints or {})
             if isinstance(drafter, OracleDrafter):  # the target's own greedy continuation, not timed
                 for p, o in zip(arm_prompts, base.outputs):
                     drafter.set_continuation(p, p + o)
             sched = "fixed" if name == "oracle" else scheduler
-            cfg = EngineConfig(target=target.name, drafter=name, scheduler=sched,
+            cfg = EngineConfig(target=target.name, drafter=name.removesuffix(NO_STS), scheduler=sched,
                                num_draft_tokens=num_draft_tokens, sps_profile=sps_profile,
                                max_num_seqs=bs, max_model_len=max_len,
                                scheduler_kwargs={"k": num_draft_tokens} if sched == "fixed" else {})
@@ -141,6 +140,23 @@ def bench_decode(target: TargetModel, drafters: list[str], batch_sizes: list[int
         result["batch_scaling_target_only"] = {f"batch{b}_over_batch1": result[f"batch{b}"]["target_only_tok_s"] / b1
                                                for b in batch_sizes if b != 1}
     return result
+
+
+NO_STS = "-nosts"
+
+
+def _drafter(name: str, target: TargetModel, checkpoints: dict[str, str]) -> Drafter:
+    """Drafter `name`; `<kind>-nosts` is the same checkpoint with its STS temperatures dropped (the raw
+    confidences reach the scheduler), for the STS on/off ablation."""
+    kind = name.removesuffix(NO_STS)
+    kwargs = {"path": checkpoints[kind]} if kind in checkpoints else {}
+    drafter = make_drafter(kind, target, **kwargs)
+    if name.endswith(NO_STS):
+        model = getattr(drafter, "model", None)
+        if model is None or not getattr(model.config, "sts_temperatures", None):
+            raise ValueError(f"{name}: the {kind} drafter has no STS temperatures to drop")
+        model.config.sts_temperatures = None
+    return drafter
 
 
 def _per_domain(picked: list[tuple[str, list[int]]], base: ArmResult, arm: ArmResult) -> dict:
