@@ -228,6 +228,8 @@ def bench_decode_cmd(
     num_draft_tokens: int = typer.Option(7, min=1),
     hf_dtypes: str = typer.Option("fp32,bf16", help="Dtypes for the HF generate reference ('' to skip)."),
     sps_profile: str | None = typer.Option(None),
+    draft_gate: bool = typer.Option(True, help="Skip drafting where it has not paid (load-aware schedulers); "
+                                    "--no-draft-gate lets the scheduler alone pick every length."),
     checkpoint: list[str] = typer.Option([], "--checkpoint", help="NAME=FOLDER: load drafter NAME from FOLDER "
                                          "instead of checkpoints/<name>-smollm2 (repeatable)."),
     target: str = TARGET, device: str = DEVICE, dtype: str | None = DTYPE,
@@ -249,7 +251,8 @@ def bench_decode_cmd(
     try:
         res = bench_decode(load_target(target, device, dtype), [d for d in drafters.split(",") if d],
                            [int(b) for b in batch_sizes.split(",")], num_prompts, max_new_tokens, scheduler,
-                           num_draft_tokens, sps_profile, [d for d in hf_dtypes.split(",") if d], checkpoints)
+                           num_draft_tokens, sps_profile, [d for d in hf_dtypes.split(",") if d], checkpoints,
+                           draft_gate)
     except (ValueError, FileNotFoundError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

@@ -59,11 +59,12 @@ def test_bench_decode_runs_a_dspark_checkpoint_with_and_without_its_sts_side_by_
     DSparkModel(cfg, draft_vocab(tiny_target.model.config.vocab_size)).save_pretrained(tmp_path / "ckpt")
     args = ["bench", "decode", "--checkpoint", f"dspark={tmp_path / 'ckpt'}", "--target", str(tiny_target_dir),
             "--batch-sizes", "1", "--num-prompts", "1", "--max-new-tokens", "8", "--num-draft-tokens", "4",
-            "--scheduler", "greedy", "--hf-dtypes", ""]
+            "--scheduler", "greedy", "--no-draft-gate", "--hf-dtypes", ""]
     res = runner.invoke(app, [*args, "--drafters", "dspark,dspark-nosts"])
     assert res.exit_code == 0, res.output
-    arms = json.loads(res.stdout.strip().splitlines()[-1])["batch1"]["drafters"]
-    assert set(arms) == {"dspark", "dspark-nosts"}
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    arms = out["batch1"]["drafters"]
+    assert set(arms) == {"dspark", "dspark-nosts"} and out["draft_gate"] is False
     assert all(a["greedy_identical_to_target_only"] and a["scheduler"] == "greedy" for a in arms.values())
     res = runner.invoke(app, [*args, "--drafters", "ngram-nosts"])
     assert res.exit_code == 2 and "no STS temperatures to drop" in res.output

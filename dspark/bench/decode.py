@@ -79,7 +79,7 @@ def run_engine(engine: Engine, prompts: list[list[int]], batch_size: int, max_ne
 
 def bench_decode(target: TargetModel, drafters: list[str], batch_sizes: list[int], num_prompts: int,
                  max_new_tokens: int, scheduler: str, num_draft_tokens: int, sps_profile: str | None,
-                 hf_dtypes: list[str], checkpoints: dict[str, str] | None = None) -> dict:
+                 hf_dtypes: list[str], checkpoints: dict[str, str] | None = None, draft_gate: bool = True) -> dict:
     torch.manual_seed(0)
     max_bs = max(batch_sizes)
     n = max(num_prompts, max_bs)
@@ -89,7 +89,7 @@ def bench_decode(target: TargetModel, drafters: list[str], batch_sizes: list[int
     result: dict = {"model": target.name, "device": str(target.device), "dtype": str(target.dtype),
                     "num_threads": torch.get_num_threads(), "max_new_tokens": max_new_tokens,
                     "num_prompts_batch1": num_prompts, "datasets": [d for d, _ in picked],
-                    "scheduler": scheduler, "num_draft_tokens": num_draft_tokens}
+                    "scheduler": scheduler, "num_draft_tokens": num_draft_tokens, "draft_gate": draft_gate}
     # HF reference, batch 1, in each dtype
     hf: dict[str, float] = {}
     for dt in hf_dtypes:
@@ -119,7 +119,7 @@ def bench_decode(target: TargetModel, drafters: list[str], batch_sizes: list[int
             sched = "fixed" if name == "oracle" else scheduler
             cfg = EngineConfig(target=target.name, drafter=name.removesuffix(NO_STS), scheduler=sched,
                                num_draft_tokens=num_draft_tokens, sps_profile=sps_profile,
-                               max_num_seqs=bs, max_model_len=max_len,
+                               max_num_seqs=bs, max_model_len=max_len, draft_gate=draft_gate,
                                scheduler_kwargs={"k": num_draft_tokens} if sched == "fixed" else {})
             arm = run_engine(Engine(cfg, target=target, drafter=drafter), arm_prompts, bs, max_new_tokens)
             if bs == 1:
