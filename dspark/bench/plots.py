@@ -9,24 +9,62 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from dspark.spec.calibration import apply_temperatures  # noqa: E402
 
+MIN_REACHED = 20  # a conditional acceptance measured on fewer rounds is noise: not drawn
+
+
+def reached_counts(ds: dict) -> list[float]:
+    """Rounds behind each position's conditional acceptance: the report's `reached`, or, for reports
+    written before it existed, num_rounds × the product of the earlier acceptances (exact for a fixed
+    block that is verified in full)."""
+    if "reached" in ds:
+        return [float(r) for r in ds["reached"]]
+    out, n = [], float(ds["num_rounds"])
+    for a in ds["conditional_acceptance"]:
+        out.append(n)
+        n *= a or 0.0
+    return out
+
+
+def pooled_acceptance(sets: list[dict]) -> tuple[list[int], list[float]]:
+    """Positions k and P(accept k | 1..k-1 accepted) pooled over datasets (accepted at k / reached k),
+    leaving out positions that fewer than MIN_REACHED rounds reached."""
+    weighted = [(d["conditional_acceptance"], reached_counts(d)) for d in sets]
+    xs: list[int] = []
+    ys: list[float] = []
+    for k in range(max((len(acc) for acc, _ in weighted), default=0)):
+        pts = [(acc[k], n[k]) for acc, n in weighted if k < len(acc) and acc[k] is not None and n[k] > 0]
+        total = sum(n for _, n in pts)
+        if total >= MIN_REACHED:
+            xs.append(k + 1)
+            ys.append(sum(a * n for a, n in pts) / total)
+    return xs, ys
+
+
+def _acceptance_axis(ax) -> None:
+    ax.set_xlabel("draft position k")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+
 
 def plot_conditional_acceptance(report: dict, path: Path, title: str = "") -> Path:
-    """One panel per temperature: P(accept k | prefix accepted) by position, a line per dataset."""
+    """One panel per temperature: P(accept k | prefix accepted) by position, a line per dataset.
+
+    Positions reached by fewer than MIN_REACHED rounds are left out."""
     runs = report["runs"]
     fig, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 4), squeeze=False)
     for ax, (temp, run) in zip(axes[0], runs.items()):
         for name, ds in run["per_dataset"].items():
-            ys = ds["conditional_acceptance"]
-            xs = [k + 1 for k, y in enumerate(ys) if y is not None]
-            ax.plot(xs, [y for y in ys if y is not None], marker="o", label=f"{name} (τ={ds['tau']:.2f})")
-        ax.set_xlabel("draft position k")
+            pts = [(k + 1, a) for k, (a, n) in enumerate(zip(ds["conditional_acceptance"], reached_counts(ds)))
+                   if a is not None and n >= MIN_REACHED]
+            ax.plot([k for k, _ in pts], [a for _, a in pts], marker="o", label=f"{name} (τ={ds['tau']:.2f})")
+        _acceptance_axis(ax)
         ax.set_ylabel("P(accept k | 1..k-1 accepted)")
         ax.set_ylim(0, 1)
-        ax.set_title(f"{title} T={temp}")
-        ax.grid(alpha=0.3)
+        ax.set_title(f"{title} T={temp} (points on ≥{MIN_REACHED} rounds)")
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -37,7 +75,8 @@ def plot_conditional_acceptance(report: dict, path: Path, title: str = "") -> Pa
 def plot_acceptance_by_domain(reports: dict[str, dict], path: Path, temperature: str = "1.0") -> Path:
     """The paper's Fig. 2: P(accept k | prefix accepted) by position, one panel per domain, a line per drafter.
 
-    `reports` maps a drafter name to its `dspark eval` JSON; a domain's curve pools its datasets' rounds.
+    `reports` maps a drafter name to its `dspark eval` JSON; a domain's curve pools its datasets
+    (`pooled_acceptance`).
     """
     seen = {d["domain"] for report in reports.values() for run in report["runs"].values()
             for d in run["per_dataset"].values()}
@@ -51,20 +90,12 @@ def plot_acceptance_by_domain(reports: dict[str, dict], path: Path, temperature:
             sets = [d for d in run["per_dataset"].values() if d["domain"] == domain]
             if not sets:
                 continue
-            width = max(len(d["conditional_acceptance"]) for d in sets)
-            curve = []
-            for k in range(width):  # rounds-weighted mean of the datasets that reached position k
-                pts = [(d["conditional_acceptance"][k], d["num_rounds"]) for d in sets
-                       if k < len(d["conditional_acceptance"]) and d["conditional_acceptance"][k] is not None]
-                curve.append(sum(a * w for a, w in pts) / sum(w for _, w in pts) if pts else None)
-            xs = [k + 1 for k, a in enumerate(curve) if a is not None]
-            ax.plot(xs, [a for a in curve if a is not None], marker="o", label=name)
+            ax.plot(*pooled_acceptance(sets), marker="o", label=name)
         ax.set_title(f"{domain} (T={temperature})")
-        ax.set_xlabel("draft position k")
-        ax.grid(alpha=0.3)
+        _acceptance_axis(ax)
     axes[0][0].set_ylabel("P(accept k | 1..k-1 accepted)")
     axes[0][0].set_ylim(0, 1)
-    axes[0][-1].legend(fontsize=8)
+    axes[0][-1].legend(fontsize=8, title=f"points on ≥{MIN_REACHED} rounds", title_fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

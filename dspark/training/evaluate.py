@@ -38,12 +38,20 @@ class Rounds:
     def tau(self) -> float:
         return (sum(self.num_accepted) + len(self.num_accepted)) / max(1, len(self.num_accepted))
 
+    def _reached(self, k: int) -> list[int]:
+        """Accepted counts of the rounds that verified position k with positions 1..k-1 accepted."""
+        return [n for v, n in zip(self.num_verified, self.num_accepted) if v >= k and n >= k - 1]
+
     def conditional_acceptance(self, gamma: int) -> list[float | None]:
         out: list[float | None] = []
         for k in range(1, gamma + 1):
-            reached = [n for v, n in zip(self.num_verified, self.num_accepted) if v >= k and n >= k - 1]
+            reached = self._reached(k)
             out.append(sum(n >= k for n in reached) / len(reached) if reached else None)
         return out
+
+    def reached(self, gamma: int) -> list[int]:
+        """How many rounds each conditional acceptance rests on (its denominator), by position."""
+        return [len(self._reached(k)) for k in range(1, gamma + 1)]
 
     def calibration_arrays(self, gamma: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(logits, survived, is_valid), each (rounds, γ), for rounds that carried confidences."""
@@ -110,7 +118,7 @@ def evaluate(target: TargetModel, drafter: Drafter, datasets: list[str], tempera
             pooled.extend(r)
             name = ds.rsplit("/", 1)[-1].removesuffix(".jsonl")
             per_ds[name] = {"tau": r.tau, "domain": DOMAINS.get(name, "custom"), "num_rounds": len(r.num_accepted),
-                            "conditional_acceptance": r.conditional_acceptance(gamma)}
+                            "conditional_acceptance": r.conditional_acceptance(gamma), "reached": r.reached(gamma)}
         domains: dict[str, list[float]] = {}
         for v in per_ds.values():
             domains.setdefault(v["domain"], []).append(v["tau"])
@@ -119,6 +127,7 @@ def evaluate(target: TargetModel, drafter: Drafter, datasets: list[str], tempera
             "tau_macro": sum(v["tau"] for v in per_ds.values()) / len(per_ds),
             "tau_by_domain": {d: sum(t) / len(t) for d, t in domains.items()},
             "conditional_acceptance": pooled.conditional_acceptance(gamma),
+            "reached": pooled.reached(gamma),
             "per_dataset": per_ds,
             "calibration": calibration_report(pooled, gamma, sts_temperatures),
         }
