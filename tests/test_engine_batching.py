@@ -8,12 +8,15 @@ from dspark.models.target import TargetModel
 from dspark.verify_service.engine import Engine, EngineConfig
 from dspark.verify_service.request import SamplingParams
 from tests.test_engine_lossless import tiny_prompts
+from tests.tiny import tiny_sps_path
 
 
 def _engine(target: TargetModel, scheduler: str, max_num_seqs: int) -> Engine:
     cfg = EngineConfig(target=str(target.path), drafter="ngram", scheduler=scheduler,
                        scheduler_kwargs={"k": 6} if scheduler == "fixed" else {},
-                       num_draft_tokens=7, max_num_seqs=max_num_seqs, max_model_len=512)
+                       num_draft_tokens=7, max_num_seqs=max_num_seqs, max_model_len=512,
+                       sps_profile=tiny_sps_path(target.path),
+                       draft_gate=False)  # a tiny model's ~1 ms rounds rightly shut the gate: always draft here
     return Engine(cfg, target=target)
 
 

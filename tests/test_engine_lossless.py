@@ -11,6 +11,7 @@ from dspark.models.target import TargetModel
 from dspark.spec.schedulers import SCHEDULER_NAMES
 from dspark.verify_service.engine import Engine, EngineConfig
 from dspark.verify_service.request import SamplingParams
+from tests.tiny import tiny_sps_path
 from tests.tiny_drafters import BASELINE_NAMES, save_tiny_baseline
 
 NUM_TINY_PROMPTS = 32
@@ -58,7 +59,7 @@ def make_engine(target: TargetModel, drafter: str, scheduler: str, refs=None, pr
     kwargs = {"k": 5} if scheduler == "fixed" else {}
     cfg = EngineConfig(target=str(target.path), drafter=drafter, scheduler=scheduler, scheduler_kwargs=kwargs,
                        num_draft_tokens=7, max_num_seqs=max_num_seqs, max_model_len=512,
-                       drafter_kwargs=drafter_kwargs or {})
+                       drafter_kwargs=drafter_kwargs or {}, sps_profile=tiny_sps_path(target.path))
     engine = Engine(cfg, target=target)
     if isinstance(engine.drafter, OracleDrafter) and refs is not None:
         for p, r in zip(prompts, refs):

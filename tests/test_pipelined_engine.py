@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import torch
 from dspark.actors.transport import GlooChannel, free_port, pack, unpack
 from dspark.draft_service.client import RemoteDrafter
 from dspark.draft_service.service import DraftService, serve_channel
+from dspark.models.drafter import DraftOutput, DraftRequest
 from dspark.models.ngram import NgramDrafter
 from dspark.models.target import TargetModel
 from dspark.spec.sps import SPSTable
@@ -31,6 +33,14 @@ class RecordingNgram(NgramDrafter):
 
     def observe(self, request_id: str, features: torch.Tensor) -> None:
         self.seen.setdefault(request_id, []).append(features.clone())
+
+
+class SlowNgram(NgramDrafter):
+    """An n-gram drafter whose every draft round costs 5 ms more: a drafter worth gating on a tiny model."""
+
+    def propose(self, requests: list[DraftRequest], max_num_tokens: int) -> DraftOutput:
+        time.sleep(0.005)
+        return super().propose(requests, max_num_tokens)
 
 
 def config(target: TargetModel, scheduler: str = "greedy", drafter: str = "ngram",
@@ -126,9 +136,10 @@ def test_draft_gate_stops_drafting_where_it_loses_and_stays_lossless(tiny_target
     # a profile where a verified draft token costs 100 target steps: no draft can ever pay for itself
     steep = tmp_path / "steep.json"
     SPSTable([1, 2], [10.0, 1000.0]).save(steep)
+    # and a drafter whose rounds cost 5 ms: on the tiny model's ~1 ms rounds, a loss no clock noise hides
     cfg = config(tiny_target)
     cfg.sps_profile = str(steep)
-    engine = engine_cls(cfg, target=tiny_target)
+    engine = engine_cls(cfg, target=tiny_target, drafter=SlowNgram())
     reqs = engine.generate(prompts, SamplingParams(max_tokens=NUM_NEW, ignore_eos=True))
     assert [r.output_ids for r in reqs] == target_only
     gate = engine.gate

@@ -66,3 +66,15 @@ def test_hidden_states_of_chosen_layers_match_hf(tiny_target: TargetModel) -> No
     ref = tiny_target.hidden_states(torch.tensor([seq]), [0, 1, 2])
     for layer, r in zip((0, 1, 2), ref):
         torch.testing.assert_close(out.hidden_states[layer], r[0], atol=1e-5, rtol=1e-5)
+
+
+def test_linear_pads_rows_past_eight_without_changing_the_result() -> None:
+    from dspark.models.runner import _linear
+
+    gen = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(40, 24, generator=gen), torch.randn(40, generator=gen)
+    for rows in (1, 7, 8, 9, 15, 16, 17, 31, 33):  # unpadded up to 8, then up to the next multiple of 8
+        x = torch.randn(rows, 24, generator=gen)
+        out = _linear(x, weight, bias)
+        assert out.shape == (rows, 40)
+        torch.testing.assert_close(out, torch.nn.functional.linear(x, weight, bias), atol=1e-5, rtol=1e-5)

@@ -8,6 +8,8 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from dspark.spec.sps import SPSTable
+
 WORDS = ("the a an of to in is was and or but if then else for while def return print import from "
          "one two three four five six seven eight nine ten cat dog sun moon tree water fire code list "
          "add sum number value true false yes no hello world question answer math chat").split()
@@ -37,4 +39,19 @@ def make_tiny_target_dir(out: Path, vocab_extra: int = 0, seed: int = 0) -> Path
         model.lm_head.weight.mul_(2.0)
     model.save_pretrained(out, safe_serialization=True)
     fast.save_pretrained(out)
+    SPSTable(*TEST_SPS).save(out / TEST_SPS_FILE)
     return out
+
+
+# The SPS curve the engine tests schedule against, kept next to the tiny model: the shape of an earlier
+# profile of this CPU (verifying up to ~16 tokens costs little more than one token), so that which lengths
+# the tests' schedulers pick does not move when configs/profiles/cpu.json is re-measured.
+TEST_SPS = ([1, 8, 16, 32, 64, 128], [70.0, 115.0, 118.0, 195.0, 304.0, 571.0])
+TEST_SPS_FILE = "sps_test.json"
+
+
+def tiny_sps_path(target_dir: Path | str) -> str | None:
+    """The test SPS profile `make_tiny_target_dir` wrote into `target_dir`; None for any other target
+    (the engine then loads the shipped profile)."""
+    path = Path(target_dir) / TEST_SPS_FILE
+    return str(path) if path.exists() else None

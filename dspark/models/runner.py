@@ -165,13 +165,25 @@ class TargetRunner:
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight.T computed as (weight @ x.T).T.
+    """x @ weight.T computed as (weight @ x.T).T with x row-major, padded to a multiple of 8 past 8 rows.
 
     With few rows (decode and verification: T ≤ a few dozen) MKL's kernel for the weight as the left
-    operand is 2-4x faster on this AVX2 CPU than F.linear's (measured: LM head 576x49152, 16 rows,
-    25 ms vs 43 ms); the result is a transposed view, which the following ops accept.
+    operand is 2-4x faster on this AVX2 CPU than F.linear's (LM head 49152x576, 16 rows: 13 ms vs 22 ms),
+    on two conditions measured here (`dspark bench batching` shows them on whole steps):
+    - x must be row-major. The outputs of this function are transposed views, and the elementwise ops
+      after them keep that column-major layout; fed back as is, 2-9 rows run 3-5x slower (LM head,
+      2 rows: 18.9 ms column-major, 4.8 ms row-major).
+    - past 8 rows, the row count must be a multiple of 8: at 9-15 or 17-31 rows the kernel falls 2-3x
+      behind its own time for the next multiple (LM head: 27 ms at 15 rows, 13 ms at 16). Zero rows up
+      to that multiple cost less than the slow path.
+    The result is a (transposed) view, which the following ops accept.
     """
+    rows = x.shape[0]
+    pad = -rows % 8 if rows > 8 else 0
+    x = torch.cat([x, x.new_zeros(pad, x.shape[1])]) if pad else x.contiguous()
     out = torch.mm(weight, x.t()).t()
+    if pad:
+        out = out[:rows]
     return out + bias if bias is not None else out
 
 

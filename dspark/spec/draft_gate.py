@@ -2,16 +2,19 @@
 
 The prefix scheduler sees the draft after it was made, so its Θ = τ·SPS(B) cannot include the cost of
 drafting: under heavy load it verifies ℓ ≈ 0 and the step still paid for a draft round. The gate closes
-that gap. After every drafted step at batch size B it estimates the gain ratio
+that gap with measured times. Per batch size B it compares the rate of drafted steps
 
-    g(B) = [(B + accepted) / (T(B + verified) + D + O)] / [B / (T(B) + O)]
+    spec(B) = Σ w·(B + accepted) / Σ w·(R_draft + O)
 
-from the tokens actually verified and accepted, the measured time D the step spent on drafting (on the
-critical path only: a drafter overlapped with verification costs what the step waited for it), the SPS
-profile's step time T, and the measured time O a step spends outside its draft-verify round (admission,
-streaming replies, the serving loop), which both alternatives pay. While the smoothed g(B) stays at or
-below 1 the gate skips drafting at that batch size and probes again every few steps, backing off while
-probes keep losing.
+(a decayed sum over the recent drafted steps: R_draft is a drafted round's measured time, drafting on
+the critical path included — a drafter overlapped with verification costs what the round waited for
+it) with the rate of plain steps, B / (R_plain(B) + O), where R_plain(B) is the measured time of the
+rounds that did not draft at B (before any was seen, estimated from the drafted rounds' own verify
+forwards, see `DraftGate.record`) and O the measured time a step spends outside its round (admission,
+streaming replies, the serving loop), which both alternatives pay. A ratio of sums rather than a mean
+of per-step ratios, so one lucky probe does not reopen a gate that many probes kept shut.
+While g(B) = spec(B) / plain(B) stays at or below 1 the gate skips drafting at that batch size and
+probes again every few steps, backing off while probes keep losing.
 
 Lossless: whether a step drafts depends only on past steps (batch size, past acceptance, past timings),
 never on the tokens being verified, and a skipped step is exactly a target-only decode step.
@@ -26,22 +29,31 @@ from dspark.spec.sps import SPSTable
 
 @dataclass
 class _SizeState:
-    gain: float  # smoothed g(B)
     probe_interval: int  # steps between probes while g(B) <= 1
+    tokens: float = 0.0  # Σ w·(B + accepted) over drafted rounds
+    round_ms: float = 0.0  # Σ w·R_draft
+    weight: float = 0.0  # Σ w
+    gain: float = 1.0  # g(B) at the last drafted round
+    plain_ms: float | None = None  # smoothed R_plain(B), measured on plain rounds
+    plain_estimate_ms: float | None = None  # R_plain(B) estimated from drafted rounds' verify forwards
     skipped: int = 0  # steps skipped since the last drafted one
 
 
 class DraftGate:
     """Per batch size, draft while measured speculation beats target-only decoding."""
 
-    def __init__(self, probe_every: int = 8, max_probe_every: int = 64, smoothing: float = 0.5) -> None:
+    def __init__(self, probe_every: int = 8, max_probe_every: int = 64, memory: float = 0.9,
+                 smoothing: float = 0.8) -> None:
         if not 1 <= probe_every <= max_probe_every:
             raise ValueError(f"need 1 <= probe_every <= max_probe_every, got {probe_every}, {max_probe_every}")
+        if not 0.0 <= memory < 1.0:
+            raise ValueError(f"memory must be in [0, 1), got {memory}")
         if not 0.0 <= smoothing < 1.0:
             raise ValueError(f"smoothing must be in [0, 1), got {smoothing}")
         self.probe_every = probe_every
         self.max_probe_every = max_probe_every
-        self.smoothing = smoothing
+        self.memory = memory  # decay of the drafted rounds' sums, per drafted round
+        self.smoothing = smoothing  # of the plain round times
         self._sizes: dict[int, _SizeState] = {}
         self.overhead_ms = 0.0  # O: smoothed time between rounds
         self.num_drafted = 0
@@ -54,35 +66,65 @@ class DraftGate:
     def should_draft(self, batch_size: int) -> bool:
         """Decide for a step of `batch_size` requests; counts the step as skipped if it says no."""
         state = self._sizes.get(batch_size)
-        if state is None or state.gain > 1.0 or state.skipped + 1 >= state.probe_interval:
+        if state is None or state.weight == 0.0 or state.gain > 1.0 or state.skipped + 1 >= state.probe_interval:
             self.num_drafted += 1
             return True
         state.skipped += 1
         self.num_skipped += 1
         return False
 
-    def record(self, batch_size: int, num_verified: int, num_accepted: int, draft_ms: float,
-               sps: SPSTable) -> float:
-        """Fold in one drafted step's outcome; returns this step's gain ratio g."""
+    def _state(self, batch_size: int) -> _SizeState:
+        if batch_size not in self._sizes:
+            self._sizes[batch_size] = _SizeState(self.probe_every)
+        return self._sizes[batch_size]
+
+    def plain_ms(self, batch_size: int, sps: SPSTable) -> float:
+        """R_plain(B): measured on plain rounds at B; else estimated from the drafted rounds' verify
+        forwards at B (below); else the profile's T(B)."""
+        state = self._sizes.get(batch_size)
+        if state is not None and state.plain_ms is not None:
+            return state.plain_ms
+        if state is not None and state.plain_estimate_ms is not None:
+            return state.plain_estimate_ms
+        return sps.step_time_ms_at(batch_size)
+
+    def record_plain(self, batch_size: int, round_ms: float) -> None:
+        """Fold in a round that verified no draft (skipped, or nothing drafted)."""
+        if batch_size < 1 or round_ms <= 0.0:
+            return
+        state = self._state(batch_size)
+        a = self.smoothing if state.plain_ms is not None else 0.0
+        state.plain_ms = a * (state.plain_ms or 0.0) + (1.0 - a) * round_ms
+
+    def record(self, batch_size: int, num_verified: int, num_accepted: int, round_ms: float,
+               verify_ms: float, sps: SPSTable) -> float:
+        """Fold in one drafted round: its measured time (drafting included) and that of its verify
+        forward of batch_size + num_verified tokens. Returns this round's own g.
+
+        Until a plain round at B is measured, R_plain(B) is estimated from this verify forward as
+        verify_ms · T(B) / T(B + verified): exact when nothing was verified, and otherwise leaning on
+        the profile only for the ratio of two nearby token counts, never for this machine's speed.
+        """
         if batch_size < 1:
             return 1.0
+        state = self._state(batch_size)
+        if verify_ms > 0.0:
+            est = verify_ms * sps.step_time_ms_at(batch_size) / sps.step_time_ms_at(batch_size + num_verified)
+            a = self.smoothing if state.plain_estimate_ms is not None else 0.0
+            state.plain_estimate_ms = a * (state.plain_estimate_ms or 0.0) + (1.0 - a) * est
         overhead = self.overhead_ms
-        spec_ms = sps.step_time_ms_at(batch_size + num_verified) + max(0.0, draft_ms) + overhead
-        spec = (batch_size + num_accepted) / spec_ms
-        plain = batch_size / (sps.step_time_ms_at(batch_size) + overhead)
-        gain = spec / plain
-        state = self._sizes.get(batch_size)
-        if state is None:
-            state = self._sizes[batch_size] = _SizeState(gain, self.probe_every)
-        else:
-            state.gain = self.smoothing * state.gain + (1.0 - self.smoothing) * gain
+        plain = batch_size / (self.plain_ms(batch_size, sps) + overhead)
+        state.tokens = self.memory * state.tokens + batch_size + num_accepted
+        state.round_ms = self.memory * state.round_ms + max(0.0, round_ms)
+        state.weight = self.memory * state.weight + 1.0
+        state.gain = state.tokens / (state.round_ms + state.weight * overhead) / plain
         if state.gain > 1.0:
             state.probe_interval = self.probe_every
         elif state.skipped > 0:  # a probe that lost again: wait longer before the next one
             state.probe_interval = min(self.max_probe_every, 2 * state.probe_interval)
         state.skipped = 0
-        return gain
+        return (batch_size + num_accepted) / (max(0.0, round_ms) + overhead) / plain
 
     def gains(self) -> dict[int, float]:
-        """Smoothed g(B) per batch size seen so far (for stats and plots)."""
-        return {size: state.gain for size, state in sorted(self._sizes.items())}
+        """g(B) per batch size drafted at so far (for stats and plots)."""
+        return {size: state.gain for size, state in sorted(self._sizes.items()) if state.weight > 0.0}

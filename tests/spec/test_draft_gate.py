@@ -13,17 +13,58 @@ SPS = SPSTable([1, 8, 16, 64], [100.0, 100.0, 150.0, 600.0])
 
 def test_gain_ratio_is_hand_computed() -> None:
     gate = DraftGate()
-    # B=1: verified 3, accepted 2, draft 25 ms → (1+2)/(100+25) vs 1/100 → 2.4
-    assert gate.record(1, 3, 2, 25.0, SPS) == pytest.approx(3 / 125 / (1 / 100))
-    # B=16: 16 verified, 4 accepted, 40 ms draft → (20/(T(32)+40)) / (16/150)
-    t32 = 150.0 + (600.0 - 150.0) * (32 - 16) / (64 - 16)
-    assert gate.record(16, 16, 4, 40.0, SPS) == pytest.approx((20 / (t32 + 40)) / (16 / 150))
+    # B=1, no plain round measured yet: R_plain = the profile's T(1) = 100 ms.
+    # A drafted round of 125 ms that accepted 2 → (1+2)/125 vs 1/100 → 2.4
+    assert gate.record(1, 3, 2, 125.0, 100.0, SPS) == pytest.approx(3 / 125 / (1 / 100))
+    # B=16: plain rounds measured at 120 ms; a drafted round of 300 ms that accepted 4
+    gate.record_plain(16, 120.0)
+    assert gate.plain_ms(16, SPS) == pytest.approx(120.0)
+    assert gate.record(16, 16, 4, 300.0, 225.0, SPS) == pytest.approx((20 / 300) / (16 / 120))
+
+
+def test_plain_rounds_are_measured_and_ignore_clock_noise() -> None:
+    gate = DraftGate(smoothing=0.0)
+    assert gate.plain_ms(1, SPS) == pytest.approx(100.0)  # nothing seen: the profile
+    gate.record_plain(1, 50.0)
+    assert gate.plain_ms(1, SPS) == pytest.approx(50.0)
+    gate.record_plain(1, -3.0)
+    assert gate.plain_ms(1, SPS) == pytest.approx(50.0)
+
+
+def test_drafted_rounds_estimate_the_plain_round_so_an_open_gate_can_shut() -> None:
+    # a machine 100x faster than the profile: with no plain round yet, the profile alone would say a
+    # plain round costs 100 ms and any 2 ms drafted round wins; its verify forward (1 ms) says otherwise
+    gate = DraftGate()
+    assert gate.record(8, 0, 0, 2.0, 1.0, SPS) == pytest.approx((8 / 2.0) / (8 / 1.0))
+    assert gate.plain_ms(8, SPS) == pytest.approx(1.0)
+    assert gate.gains()[8] < 1.0
+    assert not gate.should_draft(8)
+    # verified tokens: the profile gives only the ratio T(16) / T(32) = 150 / 300
+    gate.record(16, 16, 0, 2.0, 1.0, SPS)
+    assert gate.plain_ms(16, SPS) == pytest.approx(0.5)
+
+
+def test_one_lucky_probe_does_not_reopen_a_gate_many_probes_kept_shut() -> None:
+    gate = DraftGate(probe_every=1, memory=0.9)
+    gate.record_plain(1, 100.0)
+    for i in range(20):  # drafted rounds: 1.5 tokens per 180 ms on average, against 1 token per 100 ms plain
+        gate.record(1, 3, i % 2, 180.0, 100.0, SPS)
+    assert gate.gains()[1] == pytest.approx(1.5 / 180 / (1 / 100), rel=0.03)  # recent rounds weigh more
+    # a round that accepted 3 drafts in 200 ms (g = 2.0 on its own) moves the ratio of sums only so far
+    assert gate.record(1, 3, 3, 200.0, 100.0, SPS) == pytest.approx(2.0)
+    assert gate.gains()[1] < 1.0
+    # with no memory the same round alone decides
+    fresh = DraftGate(probe_every=1, memory=0.0)
+    fresh.record_plain(1, 100.0)
+    fresh.record(1, 3, 0, 180.0, 100.0, SPS)
+    fresh.record(1, 3, 3, 200.0, 100.0, SPS)
+    assert fresh.gains()[1] == pytest.approx(2.0)
 
 
 def test_unknown_batch_size_drafts_and_winning_size_keeps_drafting() -> None:
     gate = DraftGate()
     assert gate.should_draft(4)
-    gate.record(4, 4, 3, 5.0, SPS)  # (4+3)/105 vs 4/100: wins
+    gate.record(4, 3, 3, 105.0, 100.0, SPS)  # (4+3)/105 vs 4/100: wins
     assert all(gate.should_draft(4) for _ in range(20))
     assert gate.num_skipped == 0
 
@@ -31,25 +72,26 @@ def test_unknown_batch_size_drafts_and_winning_size_keeps_drafting() -> None:
 def test_losing_size_skips_then_probes_with_backoff() -> None:
     gate = DraftGate(probe_every=4, max_probe_every=16)
     assert gate.should_draft(16)
-    gate.record(16, 0, 0, 50.0, SPS)  # nothing verified, 50 ms spent drafting: a pure loss
+    gate.record(16, 0, 0, 200.0, 150.0, SPS)  # nothing accepted, 50 ms longer than a plain round: a pure loss
     decisions = [gate.should_draft(16) for _ in range(4)]
     assert decisions == [False, False, False, True]  # a probe every 4th step
-    gate.record(16, 0, 0, 50.0, SPS)  # the probe lost again: wait twice as long
+    gate.record(16, 0, 0, 200.0, 150.0, SPS)  # the probe lost again: wait twice as long
     decisions = [gate.should_draft(16) for _ in range(8)]
     assert decisions == [False] * 7 + [True]
-    gate.record(16, 0, 0, 50.0, SPS)
+    gate.record(16, 0, 0, 200.0, 150.0, SPS)
     assert [gate.should_draft(16) for _ in range(16)].count(True) == 1  # capped at max_probe_every
     assert gate.gains()[16] < 1.0
-    # other batch sizes are judged on their own
-    assert gate.should_draft(2)
+    # other batch sizes are judged on their own; a size only measured plain has no gain yet
+    gate.record_plain(2, 100.0)
+    assert gate.should_draft(2) and 2 not in gate.gains()
 
 
 def test_probe_that_wins_reopens_the_gate() -> None:
-    gate = DraftGate(probe_every=2, smoothing=0.0)
-    gate.record(8, 0, 0, 30.0, SPS)
+    gate = DraftGate(probe_every=2, memory=0.0)
+    gate.record(8, 0, 0, 130.0, 100.0, SPS)
     assert not gate.should_draft(8)
     assert gate.should_draft(8)  # probe
-    gate.record(8, 8, 8, 1.0, SPS)  # drafts started landing: (8+8)/101 vs 8/100
+    gate.record(8, 8, 8, 101.0, 150.0, SPS)  # drafts started landing: (8+8)/101 vs 8/100
     assert all(gate.should_draft(8) for _ in range(10))
 
 
@@ -59,16 +101,18 @@ def test_rejects_bad_options() -> None:
     with pytest.raises(ValueError):
         DraftGate(probe_every=8, max_probe_every=4)
     with pytest.raises(ValueError):
-        DraftGate(smoothing=1.0)
+        DraftGate(memory=1.0)
+    with pytest.raises(ValueError):
+        DraftGate(smoothing=-0.1)
 
 
 def test_overhead_outside_the_round_dilutes_the_draft_cost() -> None:
-    gate = DraftGate(smoothing=0.0)
-    # B=1, 1 accepted of 1 verified, 60 ms draft: (2/(100+60)) / (1/100) = 1.25 without overhead
-    assert gate.record(1, 1, 1, 60.0, SPS) == pytest.approx(1.25)
+    gate = DraftGate(memory=0.0)
+    # B=1, 1 accepted in a 160 ms round: (2/160) / (1/100) = 1.25 without overhead
+    assert gate.record(1, 1, 1, 160.0, 100.0, SPS) == pytest.approx(1.25)
     for _ in range(200):
         gate.note_overhead(100.0)
     assert gate.overhead_ms == pytest.approx(100.0, rel=1e-6)
-    assert gate.record(1, 1, 1, 60.0, SPS) == pytest.approx((2 / 260) / (1 / 200), rel=1e-6)
+    assert gate.record(1, 1, 1, 160.0, 100.0, SPS) == pytest.approx((2 / 260) / (1 / 200), rel=1e-6)
     gate.note_overhead(-5.0)  # clock noise never counts as negative time
     assert gate.overhead_ms < 100.0
