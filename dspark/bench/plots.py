@@ -58,9 +58,7 @@ def plot_conditional_acceptance(report: dict, path: Path, title: str = "") -> Pa
     fig, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 4), squeeze=False)
     for ax, (temp, run) in zip(axes[0], runs.items()):
         for name, ds in run["per_dataset"].items():
-            pts = [(k + 1, a) for k, (a, n) in enumerate(zip(ds["conditional_acceptance"], reached_counts(ds)))
-                   if a is not None and n >= MIN_REACHED]
-            ax.plot([k for k, _ in pts], [a for _, a in pts], marker="o", label=f"{name} (τ={ds['tau']:.2f})")
+            ax.plot(*pooled_acceptance([ds]), marker="o", label=f"{name} (τ={ds['tau']:.2f})")
         _acceptance_axis(ax)
         ax.set_ylabel("P(accept k | 1..k-1 accepted)")
         ax.set_ylim(0, 1)
