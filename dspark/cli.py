@@ -294,6 +294,9 @@ def bench_serve_cmd(
     peer_model: str | None = typer.Option(None, help="`model` sent to --peer-url."),
     timeout_s: float = typer.Option(600.0, min=1.0, help="Per-request timeout."),
     keep_requests: bool = typer.Option(False, help="Keep per-request records in the JSON."),
+    interleave: bool = typer.Option(False, help="Start all arms at once (route /<arm>) and run each level in "
+                                    "two passes of half the requests, arms in order then reversed, so slow "
+                                    "drift of a shared machine hits every arm alike."),
     out: Path | None = typer.Option(None, help="Also write the JSON here."),
     plot_dir: Path | None = typer.Option(None, help="Write throughput-vs-TPS/user and verify-length PNGs here."),
 ) -> None:
@@ -329,7 +332,7 @@ def bench_serve_cmd(
         load = LoadConfig(base_url="", max_tokens=max_tokens, temperature=temperature, seed=seed,
                           num_requests=num_requests, num_warmup=num_warmup, timeout_s=timeout_s)
         cfg = ServeBenchConfig(arms=arm_map, base=base, concurrency=levels, load=load, peer_url=peer_url,
-                               peer_model=peer_model, keep_requests=keep_requests)
+                               peer_model=peer_model, keep_requests=keep_requests, interleave=interleave)
         res = run_serve_bench(cfg)
     except (ValueError, FileNotFoundError) as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -10,8 +10,16 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from dspark.bench.load import LevelResult, LoadConfig, RequestRecord, request_body, stream_one, summarize_level
-from dspark.bench.serve_bench import spearman, summarize
+from dspark.bench.load import (
+    LevelResult,
+    LoadConfig,
+    RequestRecord,
+    merge_levels,
+    request_body,
+    stream_one,
+    summarize_level,
+)
+from dspark.bench.serve_bench import ServeBenchConfig, pass_size, spearman, summarize, validate_arms
 from dspark.cli import app
 
 MAX_TOKENS = 8
@@ -49,6 +57,55 @@ def test_bench_serve_sweeps_a_real_server_and_writes_json_and_plots(
     assert len(result["plots"]) == 2
     for path in result["plots"]:
         assert Path(path).read_bytes()[:8] == PNG_MAGIC
+
+
+def test_interleaved_arms_run_side_by_side_in_two_passes(
+        tiny_target_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"):
+        monkeypatch.setenv(var, "60")
+    res = CliRunner().invoke(app, [
+        "bench", "serve", "--target", str(tiny_target_dir), "--drafter", "ngram", "--num-draft-tokens", "4",
+        "--arms", "no-spec,scheduled", "--interleave", "--concurrency", "1,2", "--num-requests", "4",
+        "--num-warmup", "1", "--max-tokens", str(MAX_TOKENS), "--set", "max_model_len=512",
+        "--set", "num_threads=1", "--set", "draft_gate=false", "--keep-requests"])
+    assert res.exit_code == 0, res.output
+    result = json.loads(res.stdout.strip().splitlines()[-1])
+    assert result["interleave"] is True and result["num_requests"] == {"1": 4, "2": 4}
+    for name in ("no-spec", "scheduled"):
+        arm = result["arms"][name]
+        assert "error" not in arm, arm
+        assert arm["route_prefix"] == f"/{name}" and arm["config"]["cluster_name"] == f"bench-{name}"
+        for level in arm["levels"]:
+            assert level["num_errors"] == 0, level["errors"]
+            assert level["num_requests"] == 4  # two passes of 2
+            assert [r["completion_tokens"] for r in level["requests"]] == [MAX_TOKENS] * 4
+            assert len(level["pass_throughput_tok_s"]) == 2 and min(level["pass_throughput_tok_s"]) > 0
+    # each route reached its own app: only the scheduled one verified drafts
+    assert any(lv["mean_verify_len"] > 0 for lv in result["arms"]["scheduled"]["levels"])
+    assert all(lv["mean_verify_len"] == 0 for lv in result["arms"]["no-spec"]["levels"])
+    by_pass = result["summary"]["flags"]["scheduled_vs_no_spec_by_pass"]
+    assert set(by_pass) == {"1", "2"} and all(len(v) == 2 and min(v) > 0 for v in by_pass.values())
+
+
+def test_merged_passes_pool_tokens_over_summed_time_and_pass_sizes_reach_the_level() -> None:
+    def rec(n: int) -> RequestRecord:
+        return RequestRecord(ttft_s=0.1, decode_s=1.0, completion_tokens=n)
+
+    merged = merge_levels([LevelResult(2, 2.0, [rec(8), rec(8)], 1), LevelResult(2, 6.0, [rec(8), rec(8)], 0)])
+    assert merged.wall_s == 8.0 and len(merged.records) == 4 and merged.num_warmup_errors == 1
+    assert summarize_level(merged, 8)["output_throughput_tok_s"] == 32 / 8.0
+    with pytest.raises(ValueError, match="one concurrency"):
+        merge_levels([LevelResult(1, 1.0), LevelResult(2, 1.0)])
+    load = LoadConfig(base_url="")
+    assert [pass_size(load, c) for c in (1, 4, 8, 32)] == [4, 4, 8, 32]  # half of max(2C, 8), at least C
+    assert pass_size(LoadConfig(base_url="", num_requests=5), 1) == 3
+
+
+def test_interleaved_arms_must_route_apart() -> None:
+    cfg = ServeBenchConfig(arms={"a b": {"drafter": "none"}, "a-b": {"drafter": "none"}}, interleave=True)
+    with pytest.raises(ValueError, match="clashing route prefixes"):
+        validate_arms(cfg)
+    validate_arms(ServeBenchConfig(arms={"a b": {"drafter": "none"}, "a-b": {"drafter": "none"}}))
 
 
 def _level(c: int, thr: float, verify_len: float | None = None) -> dict:

@@ -156,6 +156,15 @@ def run_level_sync(config: LoadConfig, prompts: list[Messages], concurrency: int
     return asyncio.run(run_level(config, prompts, concurrency))
 
 
+def merge_levels(parts: list[LevelResult]) -> LevelResult:
+    """Passes of one level run at different times, as one: their records, and their wall times summed
+    (so the merged throughput is all tokens over all time spent loaded)."""
+    if not parts or len({p.concurrency for p in parts}) != 1:
+        raise ValueError("merge_levels needs at least one pass, all at one concurrency")
+    return LevelResult(parts[0].concurrency, sum(p.wall_s for p in parts), [r for p in parts for r in p.records],
+                       sum(p.num_warmup_errors for p in parts))
+
+
 def fetch_server_stats(base_url: str, timeout_s: float = 30.0) -> dict | None:
     """GET /v1/dspark/stats when the server has it (200 and JSON); None otherwise, silently."""
     try:

@@ -1,13 +1,18 @@
 """`dspark bench serve`: the same closed-loop load against several server arms, side by side in one run.
 
-An arm is a dict of ServeAppConfig overrides (so arms keep working as fields are added); each is started
-as a Ray Serve app on one HTTP port, swept over the concurrency levels, and deleted before the next.
-An already running OpenAI-compatible server (e.g. vLLM) can join as the extra arm "peer". The summary
-gives throughput ratios per level against `no-spec` and `fixed-k` and a few pass/fail flags.
+An arm is a dict of ServeAppConfig overrides (so arms keep working as fields are added). By default each
+is started as a Ray Serve app on one HTTP port, swept over the concurrency levels, and deleted before the
+next. `interleave` starts every arm at once, each under its own route prefix and with its own named
+actors, and runs each level in two passes with half the requests each, arms in order and then in reverse
+(A B C, C B A): a machine that drifts over minutes then shifts every arm alike, and the two passes show
+how far one arm's figure moves between them. An already running OpenAI-compatible server (e.g. vLLM) can
+join as the extra arm "peer". The summary gives throughput ratios per level against `no-spec` and
+`fixed-k` and a few pass/fail flags.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from dataclasses import dataclass, field, replace
@@ -19,9 +24,11 @@ import yaml
 from tqdm import tqdm
 
 from dspark.bench.load import (
+    LevelResult,
     LoadConfig,
     Messages,
     fetch_server_stats,
+    merge_levels,
     num_requests_for,
     run_level_sync,
     summarize_level,
@@ -74,6 +81,7 @@ class ServeBenchConfig:
     health_timeout_s: float = 600.0
     host: str = "127.0.0.1"
     port: int | None = None  # None: a free one
+    interleave: bool = False  # all arms up at once; each level in two passes, A..Z then Z..A
 
 
 def arm_args(config: ServeBenchConfig, name: str) -> dict[str, Any]:
@@ -89,6 +97,10 @@ def validate_arms(config: ServeBenchConfig) -> None:
             ServeAppConfig.model_validate(arm_args(config, name))
         except ValueError as exc:
             raise ValueError(f"arm {name!r}: {exc}") from exc
+    if config.interleave:
+        routes = [_route_name(name) for name in config.arms]
+        if len(set(routes)) != len(routes):
+            raise ValueError(f"arms {list(config.arms)} give clashing route prefixes {routes}; rename them")
 
 
 def mixed_chat_prompts(num_prompts: int, datasets: tuple[str, ...], max_prompt_chars: int) -> list[Messages]:
@@ -164,13 +176,15 @@ def without_timelines(stats: dict) -> dict:
 def run_serve_bench(config: ServeBenchConfig) -> dict:
     """Run every arm (and the peer) over every level; returns the JSON-ready result with its summary."""
     validate_arms(config)
-    num_prompts = max(num_requests_for(config.load, c) for c in config.concurrency) + config.load.num_warmup
+    num_prompts = max(2 * pass_size(config.load, c) if config.interleave else num_requests_for(config.load, c)
+                      for c in config.concurrency) + config.load.num_warmup
     prompts = config.prompts or mixed_chat_prompts(num_prompts, config.datasets, config.max_prompt_chars)
     result: dict[str, Any] = {
         "bench": "serve", "concurrency": list(config.concurrency), "max_tokens": config.load.max_tokens,
         "temperature": config.load.temperature, "seed": config.load.seed, "num_warmup": config.load.num_warmup,
-        "num_requests": {str(c): num_requests_for(config.load, c) for c in config.concurrency},
-        "num_prompts": len(prompts), "base": config.base, "arms": {},
+        "num_requests": {str(c): 2 * pass_size(config.load, c) if config.interleave else
+                         num_requests_for(config.load, c) for c in config.concurrency},
+        "num_prompts": len(prompts), "interleave": config.interleave, "base": config.base, "arms": {},
     }
     num_arms = len(config.arms) + bool(config.peer_url)
     with tqdm(total=num_arms * len(config.concurrency), desc="bench serve", unit="level") as bar:
@@ -193,12 +207,17 @@ def _run_serve_arms(config: ServeBenchConfig, prompts: list[Messages], bar: tqdm
 
     is_ray_ours = not ray.is_initialized()
     if is_ray_ours:
-        ray.init(include_dashboard=False, log_to_driver=False)
+        # interleaved arms are all up at once but only one is loaded at a time: their logical CPU
+        # reservations may exceed the cores (torch threads are set per arm, not from num_cpus)
+        num_cpus = (os.cpu_count() or 1) + 4 * len(config.arms) if config.interleave else None
+        ray.init(include_dashboard=False, log_to_driver=False, num_cpus=num_cpus)
     port = config.port or free_port()
     base_url = f"http://{config.host}:{port}"
     arms: dict[str, dict] = {}
     try:
         serve.start(http_options={"host": config.host, "port": port})
+        if config.interleave:
+            return _run_interleaved(config, prompts, bar, base_url)
         for name in config.arms:
             bar.set_description(name)
             args = arm_args(config, name)
@@ -222,10 +241,70 @@ def _run_serve_arms(config: ServeBenchConfig, prompts: list[Messages], bar: tqdm
     return arms
 
 
-def _deploy_failure(serve: Any, known: str) -> str:
+def pass_size(load: LoadConfig, concurrency: int) -> int:
+    """Requests per interleaved pass: half the level's, but at least C (else the level is never reached)."""
+    return max(-(-num_requests_for(load, concurrency) // 2), concurrency)
+
+
+def _run_interleaved(config: ServeBenchConfig, prompts: list[Messages], bar: tqdm,
+                     base_url: str) -> dict[str, dict]:
+    """Every arm as its own app (route /<arm>, actors named after the arm), then the ABBA passes."""
+    from ray import serve
+
+    from dspark.cluster.app import build_app
+
+    arms: dict[str, dict] = {}
+    urls: dict[str, str] = {}
+    for name in config.arms:
+        bar.set_description(f"start {name}")
+        route = _route_name(name)
+        args = {**arm_args(config, name), "cluster_name": f"bench-{route}"}
+        arms[name] = {"config": args, "route_prefix": f"/{route}", "levels": []}
+        try:
+            t0 = time.perf_counter()
+            serve.run(build_app(args), name=f"{APP_NAME}-{route}", route_prefix=f"/{route}")
+            wait_healthy(f"{base_url}/{route}", config.health_timeout_s)
+            arms[name]["startup_s"] = time.perf_counter() - t0
+            urls[name] = f"{base_url}/{route}"
+        except Exception as exc:  # one broken arm must not lose the others' results
+            arms[name]["error"] = (f"{type(exc).__name__}: {exc}"[:1000]
+                                   + _deploy_failure(serve, str(exc), f"{APP_NAME}-{route}"))
+            bar.update(len(config.concurrency))
+    live = list(urls)
+    for c in config.concurrency:
+        size = pass_size(config.load, c)
+        passes: dict[str, list[LevelResult]] = {name: [] for name in live}
+        for p, order in enumerate((live, live[::-1])):
+            for name in order:
+                bar.set_description(name)
+                bar.set_postfix_str(f"C={c} pass {p + 1}/2")
+                load = replace(config.load, base_url=urls[name], num_requests=size)
+                passes[name].append(run_level_sync(load, prompts[p * size:] + prompts[:p * size], c))
+        for name in live:
+            level = summarize_level(merge_levels(passes[name]), config.load.max_tokens, config.keep_requests)
+            level["pass_throughput_tok_s"] = [
+                sum(r.completion_tokens or 0 for r in part.records if r.error is None) / part.wall_s
+                for part in passes[name]]
+            stats = fetch_server_stats(urls[name])
+            if stats is not None:
+                level["overheads"] = overheads(stats)
+                level["server_stats"] = stats if c == config.concurrency[-1] else without_timelines(stats)
+            arms[name]["levels"].append(level)
+            bar.update(1)
+    return arms
+
+
+def _route_name(arm: str) -> str:
+    route = "".join(ch if ch.isalnum() or ch in "_.-" else "-" for ch in arm)
+    if not route.strip("-."):
+        raise ValueError(f"arm name {arm!r} has no letters or digits to route by")
+    return route
+
+
+def _deploy_failure(serve: Any, known: str, app_name: str = APP_NAME) -> str:
     """The replicas' own error (Serve keeps it in the app status; the exception only says 'failed')."""
     try:
-        app = serve.status().applications.get(APP_NAME)
+        app = serve.status().applications.get(app_name)
     except Exception:  # the controller is gone: nothing more to say
         return ""
     if app is None:
@@ -248,6 +327,13 @@ def _delete_app(serve: Any) -> None:
 def _by_concurrency(result: dict, arm: str, key: str) -> dict[int, float]:
     levels = result["arms"].get(arm, {}).get("levels") or []
     return {lv["concurrency"]: lv[key] for lv in levels if lv.get(key) is not None}
+
+
+def _pass_ratios(result: dict, arm: str, ref: str) -> dict[str, list[float]]:
+    """Interleaved runs: arm / ref throughput per pass at each level (how far noise moves the ratio)."""
+    a = _by_concurrency(result, arm, "pass_throughput_tok_s")
+    b = _by_concurrency(result, ref, "pass_throughput_tok_s")
+    return {str(c): [x / y for x, y in zip(a[c], b[c]) if y] for c in a if c in b}
 
 
 def spearman(xs: list[float], ys: list[float]) -> float | None:
@@ -292,6 +378,9 @@ def summarize(result: dict) -> dict:
         if common:
             flags["scheduled_never_below_no_spec"] = all(sched[c] >= thr["no-spec"][c] for c in common)
             flags["scheduled_min_ratio_vs_no_spec"] = min(sched[c] / thr["no-spec"][c] for c in common)
+    by_pass = _pass_ratios(result, "scheduled", "no-spec")
+    if by_pass:
+        flags["scheduled_vs_no_spec_by_pass"] = by_pass
     if sched and thr.get("fixed-k"):
         high = [c for c in sched if c >= 8 and c in thr["fixed-k"]]
         if high:
