@@ -16,7 +16,7 @@ from dspark.models.ngram import NgramDrafter
 from dspark.models.target import TargetModel
 from dspark.spec.sps import SPSTable
 from dspark.verify_service.engine import Engine, EngineConfig
-from dspark.verify_service.pipelined_engine import PipelinedEngine
+from dspark.verify_service.pipelined_engine import PUSH_MIN_ROWS, PipelinedEngine
 from dspark.verify_service.request import SamplingParams
 from tests.test_engine_lossless import tiny_prompts
 
@@ -49,11 +49,11 @@ def config(target: TargetModel, scheduler: str = "greedy", drafter: str = "ngram
                         max_num_seqs=6, max_model_len=256, draft_gate=draft_gate)
 
 
-def channel_pair() -> tuple[GlooChannel, GlooChannel]:
+def channel_pair(timeout_s: float = 120.0) -> tuple[GlooChannel, GlooChannel]:
     port, made = free_port(), {}
-    t = threading.Thread(target=lambda: made.setdefault(1, GlooChannel("127.0.0.1", port, 1)))
+    t = threading.Thread(target=lambda: made.setdefault(1, GlooChannel("127.0.0.1", port, 1, timeout_s)))
     t.start()
-    made[0] = GlooChannel("127.0.0.1", port, 0)
+    made[0] = GlooChannel("127.0.0.1", port, 0, timeout_s)
     t.join()
     return made[0], made[1]
 
@@ -128,6 +128,127 @@ def test_remote_drafter_over_gloo_is_lossless_and_delivers_the_exact_features(ti
         assert torch.equal(there, here[:there.shape[0]]), rid
         assert there.shape[0] >= here.shape[0] - rows[-1].shape[0], rid
     assert remote.spans and all(s.transport_ms >= 0 for s in remote.spans)
+
+
+class SlowRecordingNgram(RecordingNgram):
+    def propose(self, requests: list[DraftRequest], max_num_tokens: int) -> DraftOutput:
+        time.sleep(0.005)
+        return super().propose(requests, max_num_tokens)
+
+
+def test_a_push_ships_context_one_way_and_the_next_round_carries_only_what_is_new():
+    verify_end, draft_end = channel_pair()
+    far = RecordingNgram((1,))
+    server = threading.Thread(target=serve_channel, args=(draft_end, DraftService(far)), daemon=True)
+    server.start()
+    remote = RemoteDrafter(verify_end, (1,))
+    assert remote.can_push
+    a, b = torch.randn(20, 4), torch.randn(2, 4)
+    req = DraftRequest("r", [5, 6, 7, 5, 6], 0.0)
+    remote.observe("r", a)
+    assert remote.num_buffered_rows([req]) == 20
+    remote.push([req])  # no reply comes back for it...
+    remote.observe("r", b)
+    assert remote.num_buffered_rows([req]) == 2
+    remote.submit([DraftRequest("r", [5, 6, 7, 5, 6, 7], 0.0)], 3)
+    out = remote.collect()  # ...so the next reply read is this round's
+    verify_end.send({"kind": "close"})
+    server.join(timeout=30)
+    assert out.tokens == [[5, 6, 7]]  # the far side's history has the pushed and the new token
+    assert [t.shape[0] for t in far.seen["r"]] == [20, 2]
+    assert torch.equal(far.seen["r"][0], a) and torch.equal(far.seen["r"][1], b)
+    assert len(remote.push_ms) == 1 and len(remote.spans) == 1
+
+
+def _serve_recording(channel: GlooChannel, errors: list[BaseException]) -> None:
+    try:
+        serve_channel(channel, DraftService(RecordingNgram((1,))))
+    except Exception as exc:  # noqa: BLE001 - what the test looks at
+        errors.append(exc)
+
+
+@pytest.mark.parametrize("keepalive", [True, False])
+def test_keepalives_hold_an_idle_pair_open_past_its_receive_timeout(keepalive):
+    verify_end, draft_end = channel_pair(timeout_s=2.0)
+    errors: list[BaseException] = []
+    server = threading.Thread(target=_serve_recording, args=(draft_end, errors), daemon=True)
+    server.start()
+    remote = RemoteDrafter(verify_end, (1,))
+    sent = 0
+    for _ in range(14):  # 3.5 s of silence from the engine: longer than the draft side's 2 s receive
+        time.sleep(0.25)
+        if keepalive:
+            sent += remote.keepalive(max_silence_s=0.5)
+    if keepalive:
+        assert sent >= 4 and not errors
+        remote.submit([DraftRequest("r", [3, 4, 3], 0.0)], 2)
+        assert remote.collect().tokens == [[4, 3]]  # the pair still works
+        verify_end.send({"kind": "close"})
+        server.join(timeout=30)
+        assert not errors
+    else:  # the failure the keepalive prevents: the draft side gave up on the pair
+        server.join(timeout=30)
+        assert errors and "Timed out" in str(errors[0])
+
+
+def test_an_idle_async_engine_keeps_its_draft_pair_alive(tiny_target, prompts, target_only):
+    import asyncio
+
+    from dspark.verify_service.async_engine import AsyncEngine
+
+    verify_end, draft_end = channel_pair(timeout_s=2.0)
+    errors: list[BaseException] = []
+    server = threading.Thread(target=_serve_recording, args=(draft_end, errors), daemon=True)
+    server.start()
+    remote = RemoteDrafter(verify_end, (1,), keepalive_s=0.5)
+    engine = AsyncEngine(PipelinedEngine(config(tiny_target, draft_gate=False), target=tiny_target, drafter=remote))
+    try:
+        time.sleep(3.5)  # idle longer than the draft side's receive timeout
+
+        async def one() -> list[int]:
+            last = None
+            async for out in engine.generate(prompts[0], SamplingParams(max_tokens=NUM_NEW, ignore_eos=True)):
+                last = out
+            return last.output_ids
+
+        assert asyncio.run(one()) == target_only[0]
+        assert not errors and remote.push_ms and remote.spans
+    finally:
+        engine.shutdown()
+        verify_end.send({"kind": "close"})
+        server.join(timeout=30)
+
+
+def test_no_push_over_a_channel_that_can_reorder():
+    from dspark.actors.transport import RayChannel
+
+    remote = RemoteDrafter(RayChannel(actor=None), (1,))
+    assert not remote.can_push
+    with pytest.raises(RuntimeError, match="order"):
+        remote.push([DraftRequest("r", [1], 0.0)])
+
+
+def test_while_the_gate_skips_a_remote_drafter_still_gets_the_context_and_output_is_lossless(
+        tiny_target, prompts, target_only):
+    layers = (1, 2)
+    verify_end, draft_end = channel_pair()
+    far = SlowRecordingNgram(layers)  # 5 ms a round: the gate shuts on the tiny model
+    server = threading.Thread(target=serve_channel, args=(draft_end, DraftService(far)), daemon=True)
+    server.start()
+    remote = RemoteDrafter(verify_end, layers)
+    engine = PipelinedEngine(config(tiny_target), target=tiny_target, drafter=remote)
+    reqs = engine.generate(prompts, SamplingParams(max_tokens=NUM_NEW, ignore_eos=True))
+    verify_end.send({"kind": "close"})
+    server.join(timeout=30)
+    assert [r.output_ids for r in reqs] == target_only
+    assert engine.gate is not None and engine.gate.num_skipped > engine.gate.num_drafted
+    assert remote.push_ms  # context went over while no round did
+    # every request's rows reached the far side except a tail that never filled a push (at most the
+    # threshold plus one step of its micro-batch: ≤ max_num_seqs requests × (γ + 1) rows)
+    tail = PUSH_MIN_ROWS + engine.config.max_num_seqs * (engine.config.num_draft_tokens + 1)
+    for i, r in enumerate(reqs):
+        got = sum(t.shape[0] for t in far.seen.get(r.request_id, []))
+        assert got >= len(prompts[i]) + NUM_NEW - 1 - tail, (r.request_id, got)
 
 
 @pytest.mark.parametrize("engine_cls", [Engine, PipelinedEngine])

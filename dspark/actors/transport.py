@@ -105,6 +105,8 @@ def node_ip() -> str:
 class GlooChannel:
     """One end of a two-rank process group (rank 0 hosts the store). Not thread-safe: one sender, one receiver."""
 
+    ordered = True  # messages arrive in send order, so one-way messages (no reply) are safe
+
     def __init__(self, host: str, port: int, rank: int, timeout_s: float = 120.0) -> None:
         if rank not in (0, 1):
             raise ValueError("a channel has ranks 0 and 1")
@@ -159,6 +161,8 @@ class GlooChannel:
 
 class RayChannel:
     """The fallback: requests ride actor calls; replies are ObjectRefs collected in order."""
+
+    ordered = False  # a threaded actor may run two calls out of order: every message gets a reply
 
     def __init__(self, actor: Any, method: str = "handle") -> None:
         self.actor, self.method = actor, method

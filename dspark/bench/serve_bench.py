@@ -160,6 +160,8 @@ def overheads(stats: dict) -> dict[str, Any]:
         if "transport_ms_mean" in w:
             row.update(transport_ms_mean=w["transport_ms_mean"], draft_wait_ms_mean=w["draft_wait_ms_mean"],
                        transport_frac_of_verify=w["transport_ms_mean"] / max(w["verify_ms_mean"], 1e-9))
+        if "push_ms_mean" in w:  # one-way context shipped while not drafting (local cost of posting it)
+            row.update(num_pushes=w["num_pushes"], push_ms_mean=w["push_ms_mean"])
         out["workers"][wid] = row
     sched = stats.get("scheduler") or {}
     out["scheduler_decision_ms_mean"] = sched.get("decision_ms_mean")

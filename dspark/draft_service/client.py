@@ -3,7 +3,9 @@
 It implements the `FeatureDrafter` protocol (so the single-process `Engine` runs unchanged on it) plus
 `submit`/`collect`, which split a draft round in two so that a pipelined engine can verify one
 micro-batch while the draft worker drafts the other. Between messages it buffers what the draft side
-has not seen yet: new tokens per request, target features from `observe`, released request ids.
+has not seen yet: new tokens per request, target features from `observe`, released request ids. While
+the engine is not drafting, `push` ships that backlog one way (over an ordered channel), so a round
+after many undrafted steps does not carry all their features on its critical path.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import torch
 from dspark.actors.transport import Channel
 from dspark.models.drafter import DraftOutput, DraftRequest
 
+KEEPALIVE_S = 20.0  # well inside the pair's receive timeout (GlooChannel's 120 s)
+
 
 @dataclass
 class TransportSpan:
@@ -29,6 +33,7 @@ class TransportSpan:
     send_ms: float  # packing + posting the sends
     collect_start_s: float = 0.0
     collect_end_s: float = 0.0
+    draft_posted_s: float = 0.0  # when the draft worker began waiting for it (0: unknown, e.g. Ray calls)
     draft_received_s: float = 0.0  # when the draft worker had the whole message
     draft_start_s: float = 0.0
     draft_end_s: float = 0.0
@@ -36,7 +41,7 @@ class TransportSpan:
     @property
     def transport_ms(self) -> float:
         """Time spent moving bytes both ways, excluding drafting and the wait for a busy peer."""
-        there = max(0.0, self.draft_received_s - self.send_s) * 1e3
+        there = max(0.0, self.draft_received_s - max(self.send_s, self.draft_posted_s)) * 1e3
         back = max(0.0, self.collect_end_s - max(self.draft_end_s, self.collect_start_s)) * 1e3
         return self.send_ms + there + back
 
@@ -58,8 +63,9 @@ class RemoteDrafter:
     name = "remote"
 
     def __init__(self, channel: Channel, hidden_layers: tuple[int, ...], name: str = "remote",
-                 max_num_spans: int = 4096) -> None:
+                 max_num_spans: int = 4096, keepalive_s: float = KEEPALIVE_S) -> None:
         self.channel = channel
+        self.keepalive_s = keepalive_s
         self.hidden_layers = tuple(hidden_layers)
         self.name = name
         self._state: dict[str, _Buffered] = {}
@@ -67,6 +73,8 @@ class RemoteDrafter:
         self._in_flight: deque[tuple[int, list[str], TransportSpan]] = deque()
         self._seq = 0
         self.spans: deque[TransportSpan] = deque(maxlen=max_num_spans)
+        self.push_ms: deque[float] = deque(maxlen=max_num_spans)  # local cost of each one-way push
+        self._last_send_s = time.monotonic()
 
     # ---- FeatureDrafter -------------------------------------------------------------------------
     def observe(self, request_id: str, features: torch.Tensor) -> None:
@@ -85,6 +93,43 @@ class RemoteDrafter:
     def submit(self, requests: list[DraftRequest], max_num_tokens: int) -> None:
         """Send one draft round; its reply is read by the matching `collect` (FIFO)."""
         t0 = time.perf_counter()
+        message = self._message("draft", requests, max_num_tokens)
+        send_s = time.time()
+        self.channel.send(message)
+        span = TransportSpan(self._seq, len(requests), send_s, (time.perf_counter() - t0) * 1e3)
+        self._in_flight.append((self._seq, [r.request_id for r in requests], span))
+        self._seq += 1
+
+    @property
+    def can_push(self) -> bool:
+        return bool(getattr(self.channel, "ordered", False))
+
+    def num_buffered_rows(self, requests: list[DraftRequest]) -> int:
+        """Feature rows of these requests that the draft side has not received yet."""
+        return sum(f.shape[0] for r in requests if (st := self._state.get(r.request_id)) for f in st.features)
+
+    def push(self, requests: list[DraftRequest]) -> None:
+        """Ship these requests' new tokens and features (and released ids) now, one way: no draft, no
+        reply. Only over an ordered channel, where it cannot overtake or be overtaken by a round."""
+        if not self.can_push:
+            raise RuntimeError(f"{type(self.channel).__name__} does not keep message order: no one-way push")
+        t0 = time.perf_counter()
+        self.channel.send(self._message("observe", requests, 0))
+        self.push_ms.append((time.perf_counter() - t0) * 1e3)
+        self._seq += 1
+
+    def keepalive(self, max_silence_s: float | None = None) -> bool:
+        """An empty one-way push if nothing was sent for `max_silence_s` (default `keepalive_s`): the draft
+        worker blocks in a receive that times out (the pair's gloo timeout) when its verify worker is
+        idle, or is not drafting, for longer. True when one was sent."""
+        silence = self.keepalive_s if max_silence_s is None else max_silence_s
+        if not self.can_push or time.monotonic() - self._last_send_s < silence:
+            return False
+        self.push([])
+        return True
+
+    def _message(self, kind: str, requests: list[DraftRequest], max_num_tokens: int) -> dict[str, Any]:
+        """What the draft side has not seen of these requests (the buffers are emptied)."""
         entries, feats = [], []
         for req in requests:
             st = self._state.setdefault(req.request_id, _Buffered())
@@ -96,14 +141,11 @@ class RemoteDrafter:
             entries.append({"id": req.request_id, "new_tokens": new_tokens, "temperature": req.temperature,
                             "num_features": n})
         message: dict[str, Any] = {
-            "kind": "draft", "seq": self._seq, "max_num_tokens": max_num_tokens, "requests": entries,
+            "kind": kind, "seq": self._seq, "max_num_tokens": max_num_tokens, "requests": entries,
             "features": torch.cat(feats) if feats else None, "released": self._released}
         self._released = []
-        send_s = time.time()
-        self.channel.send(message)
-        span = TransportSpan(self._seq, len(requests), send_s, (time.perf_counter() - t0) * 1e3)
-        self._in_flight.append((self._seq, [r.request_id for r in requests], span))
-        self._seq += 1
+        self._last_send_s = time.monotonic()
+        return message
 
     @property
     def num_in_flight(self) -> int:
@@ -117,8 +159,8 @@ class RemoteDrafter:
         span.collect_end_s = time.time()
         if reply["seq"] != seq:
             raise RuntimeError(f"draft reply {reply['seq']} arrived while waiting for {seq}")
-        span.draft_received_s, span.draft_start_s, span.draft_end_s = (
-            reply["received_s"], reply["start_s"], reply["end_s"])
+        span.draft_posted_s, span.draft_received_s, span.draft_start_s, span.draft_end_s = (
+            reply.get("posted_s", 0.0), reply["received_s"], reply["start_s"], reply["end_s"])
         self.spans.append(span)
         return DraftOutput(tokens=reply["tokens"], probs=reply["probs"], confidences=reply["confidences"])
 

@@ -4,7 +4,9 @@ A verify worker sends one `draft` message per micro-batch step: for each request
 its last message (tokens appended to its output, target features of the tokens that entered the target's
 KV cache), the ids of requests that left, and γ. The service updates its per-request state, drafts, and
 answers with the draft tokens, the distributions they were drawn from, confidences, and wall-clock stamps
-so the benchmark can draw both workers on one timeline.
+so the benchmark can draw both workers on one timeline. An `observe` message has the same shape with
+γ = 0 and gets no reply: the verify side ships context early (while it is not drafting) so that the next
+draft round carries only what is new since.
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ class DraftService:
         self.spans: deque[DraftSpan] = deque(maxlen=max_num_spans)
         self.num_messages = 0
 
-    def handle(self, message: dict[str, Any]) -> dict[str, Any]:
-        """Apply a `draft` message (see module doc) and return the reply."""
+    def handle(self, message: dict[str, Any], posted_s: float = 0.0) -> dict[str, Any]:
+        """Apply a `draft` message (see module doc) and return the reply. `posted_s`: when this side
+        started waiting for the message (so the verify side can tell transfer from a busy peer)."""
         received = time.time()
         with self._lock:
             start = time.time()
@@ -55,7 +58,8 @@ class DraftService:
             end = time.time()
             self.num_messages += 1
         self.spans.append(DraftSpan(message["seq"], len(message["requests"]), received, start, end))
-        return {**reply, "seq": message["seq"], "received_s": received, "start_s": start, "end_s": end}
+        return {**reply, "seq": message["seq"], "posted_s": posted_s, "received_s": received, "start_s": start,
+                "end_s": end}
 
     def _draft(self, message: dict[str, Any]) -> dict[str, Any]:
         requests = message["requests"]
@@ -86,6 +90,7 @@ class DraftService:
 def serve_channel(channel: Any, service: DraftService) -> None:
     """Answer messages on `channel` until a `close` message: `draft` -> reply, `ping` -> echo."""
     while True:
+        posted_s = time.time()
         message = channel.recv()
         kind = message.get("kind")
         if kind == "close":
@@ -93,4 +98,6 @@ def serve_channel(channel: Any, service: DraftService) -> None:
         if kind == "ping":
             channel.send({"kind": "pong", "seq": message.get("seq"), "payload": message.get("payload")})
             continue
-        channel.send(service.handle(message))
+        reply = service.handle(message, posted_s)
+        if kind != "observe":
+            channel.send(reply)

@@ -94,6 +94,7 @@ class AsyncEngine:
             for rid in aborts:
                 eng.abort(rid)
             if not eng.has_unfinished():
+                self._idle(eng)
                 self._wake.wait(timeout=0.5)
                 self._wake.clear()
                 continue
@@ -114,6 +115,18 @@ class AsyncEngine:
                     if target is not None:
                         loop, queue = target
                         loop.call_soon_threadsafe(queue.put_nowait, out)
+
+    def _idle(self, eng: Engine) -> None:
+        """An idle engine still keeps its links alive (a paired draft worker's receive would time out)."""
+        keepalive = getattr(eng, "keepalive", None)
+        if keepalive is None:
+            return
+        try:
+            keepalive()
+        except Exception as exc:  # noqa: BLE001 - a dead link fails what comes next, loudly
+            log.exception("keepalive failed")
+            self._fail_all(exc)
+            self._stopped = True
 
     def _fail_one(self, rid: str, exc: BaseException) -> None:
         with self._lock:

@@ -14,11 +14,14 @@ resumes as soon as the gate lets a micro-batch draft again.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from dspark.models.drafter import Drafter, DraftOutput, DraftRequest
 from dspark.models.target import TargetModel
 from dspark.verify_service.engine import Engine, EngineConfig
 from dspark.verify_service.request import Request, RequestOutput
+
+PUSH_MIN_ROWS = 16  # while not drafting, ship a micro-batch's context once this many feature rows wait
 
 
 class _LocalRounds:
@@ -83,7 +86,14 @@ class PipelinedEngine(Engine):
                 self._collect(group, [])
         self._release_finished()
         self._submit(group, [r for r in running if r.micro_batch == group and not r.is_finished])
+        self.keepalive()
         return outputs
+
+    def keepalive(self) -> None:
+        """Called every step and while idle: a remote drafter's link must not sit silent past its timeout."""
+        rounds: Any = self._rounds
+        if hasattr(rounds, "keepalive"):
+            rounds.keepalive()
 
     def _admit(self) -> list[RequestOutput]:
         sizes = [0] * self.num_micro_batches
@@ -117,9 +127,14 @@ class PipelinedEngine(Engine):
         if self._rounds is None or gamma == 0 or not active:
             return
         self._merged = not self._gate_allows(len(active))
-        if self._merged:
-            return
         reqs = [DraftRequest(r.request_id, r.token_ids, r.params.temperature) for r in active]
+        if self._merged:
+            # not drafting: a remote drafter still gets the context now and then, off the critical path
+            # of the round that the gate's next probe will wait for
+            rounds: Any = self._rounds
+            if getattr(rounds, "can_push", False) and rounds.num_buffered_rows(reqs) >= PUSH_MIN_ROWS:
+                rounds.push(reqs)
+            return
         t0 = time.perf_counter()
         self._rounds.submit(reqs, gamma)  # type: ignore[attr-defined]
         self._submit_ms[group] = (time.perf_counter() - t0) * 1e3
