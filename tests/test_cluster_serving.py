@@ -85,6 +85,8 @@ def test_decoupled_pools_serve_concurrent_requests_identical_to_the_single_proce
     # both verify workers got requests (placement spreads them) and talked to their own draft worker
     assert all(s["num_steps"] > 0 and s["transport"] == "gloo" for s in verify.values())
     assert all(s["num_messages"] > 0 and s["error"] is None for s in draft.values())
+    # transport per drafted round, and the same total spread over every step (never more)
+    assert all(0 < s["transport_ms_per_step"] <= s["transport_ms_mean"] * s["num_steps"] for s in verify.values())
     assert all({"micro_batch", "start_s", "end_s"} <= set(s["timeline"][0]) for s in verify.values())
     assert {t["micro_batch"] for s in verify.values() for t in s["timeline"]} == {0, 1}  # ping-pong
     sched = stats["scheduler"]

@@ -104,3 +104,21 @@ def test_ngram_drafter_copies_what_followed_the_latest_match():
     out = d.propose([DraftRequest("a", seq, 0.0)], 4)
     assert out.tokens == [[4, 5, 9, 9]] and out.probs is None and out.confidences is None
     assert d.propose([DraftRequest("b", [7, 8, 6], 0.0)], 4).tokens == [[]]
+
+
+def test_a_serving_engine_keeps_a_bounded_window_of_step_records(tiny_target):
+    cfg = EngineConfig(target=str(tiny_target.path), drafter="ngram", scheduler="fixed", max_num_seqs=4,
+                       max_model_len=256, max_step_stats=5)
+    engine = Engine(cfg, target=tiny_target)
+    engine.generate(tiny_prompts(tiny_target.model.config.vocab_size)[:2],
+                    SamplingParams(max_tokens=30, ignore_eos=True))
+    assert engine.num_steps >= 15  # at least one step per token beyond the first, for 30 tokens
+    assert 5 <= len(engine.stats) < 10  # trimmed back to the latest 5 whenever it reached 10
+    assert engine.stats[-1].end_s >= engine.stats[0].end_s
+
+
+def test_serve_configs_bound_the_step_records():
+    from dspark.cluster.config import SERVER_STEP_STATS, ServeAppConfig
+
+    assert ServeAppConfig().engine_config().max_step_stats == SERVER_STEP_STATS
+    assert EngineConfig().max_step_stats is None  # benchmarks read every step

@@ -162,6 +162,9 @@ def overheads(stats: dict) -> dict[str, Any]:
                        transport_frac_of_verify=w["transport_ms_mean"] / max(w["verify_ms_mean"], 1e-9))
         if "push_ms_mean" in w:  # one-way context shipped while not drafting (local cost of posting it)
             row.update(num_pushes=w["num_pushes"], push_ms_mean=w["push_ms_mean"])
+        if "transport_ms_per_step" in w:  # the same spread over every step (rounds + pushes)
+            row.update(transport_ms_per_step=w["transport_ms_per_step"],
+                       transport_per_step_frac_of_verify=w["transport_ms_per_step"] / max(w["verify_ms_mean"], 1e-9))
         out["workers"][wid] = row
     sched = stats.get("scheduler") or {}
     out["scheduler_decision_ms_mean"] = sched.get("decision_ms_mean")

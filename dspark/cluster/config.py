@@ -42,6 +42,9 @@ class WorkerResources(BaseModel):
         return options
 
 
+SERVER_STEP_STATS = 4096  # per-step records a serving engine keeps (timelines, load reports)
+
+
 class ServeAppConfig(BaseModel):
     """The `args:` of the dspark application in serve.yaml."""
 
@@ -116,7 +119,8 @@ class ServeAppConfig(BaseModel):
                             scheduler_kwargs=dict(self.scheduler_kwargs),
                             num_draft_tokens=self.num_draft_tokens, sps_profile=self.sps_profile,
                             max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
-                            num_threads=num_threads, draft_gate=self.draft_gate)
+                            num_threads=num_threads, draft_gate=self.draft_gate,
+                            max_step_stats=SERVER_STEP_STATS)
 
     def worker_engine_config(self) -> EngineConfig:
         """A VerifyWorker's engine; `central` runs Algorithm 1 locally until the first K arrives."""

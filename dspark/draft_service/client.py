@@ -75,6 +75,7 @@ class RemoteDrafter:
         self.spans: deque[TransportSpan] = deque(maxlen=max_num_spans)
         self.push_ms: deque[float] = deque(maxlen=max_num_spans)  # local cost of each one-way push
         self._last_send_s = time.monotonic()
+        self.total_transport_ms = 0.0  # every round's transport_ms and every push, since the start
 
     # ---- FeatureDrafter -------------------------------------------------------------------------
     def observe(self, request_id: str, features: torch.Tensor) -> None:
@@ -116,6 +117,7 @@ class RemoteDrafter:
         t0 = time.perf_counter()
         self.channel.send(self._message("observe", requests, 0))
         self.push_ms.append((time.perf_counter() - t0) * 1e3)
+        self.total_transport_ms += self.push_ms[-1]
         self._seq += 1
 
     def keepalive(self, max_silence_s: float | None = None) -> bool:
@@ -162,6 +164,7 @@ class RemoteDrafter:
         span.draft_posted_s, span.draft_received_s, span.draft_start_s, span.draft_end_s = (
             reply.get("posted_s", 0.0), reply["received_s"], reply["start_s"], reply["end_s"])
         self.spans.append(span)
+        self.total_transport_ms += span.transport_ms
         return DraftOutput(tokens=reply["tokens"], probs=reply["probs"], confidences=reply["confidences"])
 
     def in_flight_ids(self) -> list[str]:

@@ -59,6 +59,9 @@ class EngineConfig:
     # skip drafting at batch sizes where it measurably costs more than it returns (load-aware
     # schedulers only: a fixed k always drafts); see spec/draft_gate.py
     draft_gate: bool = True
+    # steps kept in `Engine.stats` (None: all, for benchmarks that read and clear them); a long-running
+    # server keeps a window, else per-step records would grow without bound
+    max_step_stats: int | None = None
 
 
 def default_profile_path(device: str) -> Path:
@@ -96,6 +99,7 @@ class Engine:
         self.waiting: list[Request] = []
         self.running: list[Request] = []  # index i holds the request in cache slot i
         self.stats: list[StepStats] = []
+        self.num_steps = 0  # every step ever taken (`stats` may hold only the latest)
         self._ids = itertools.count()
 
     # ---- request lifecycle -------------------------------------------------------------------
@@ -163,6 +167,10 @@ class Engine:
         self.stats.append(StepStats(len(active), sum(lengths) + len(active), lengths, accepted,
                                     (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, draft.confidences,
                                     micro_batch, start_s, time.time()))
+        self.num_steps += 1
+        keep = self.config.max_step_stats
+        if keep is not None and len(self.stats) >= 2 * keep:  # amortised: trim once per `keep` steps
+            del self.stats[:-keep]
         self._last_round = (t0, time.perf_counter())
         return outputs
 

@@ -120,7 +120,7 @@ class VerifyWorker:
         if not self.scheduler_client.is_reachable and eng.sps is not None:
             profile = eng.sps.to_dict()  # (re)send until a scheduler has answered: it may have restarted
         return WorkerLoad(self.worker_id, len(eng.running), len(eng.waiting), eng.config.max_num_seqs,
-                          len(eng.stats), step_ms, tokens, survival, profile, self.draft_worker)
+                          eng.num_steps, step_ms, tokens, survival, profile, self.draft_worker)
 
     # ---- observability -----------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -132,7 +132,7 @@ class VerifyWorker:
         out: dict[str, Any] = {
             "worker_id": self.worker_id, "mode": self.config.mode, "draft_worker": self.draft_worker,
             "transport": self.config.transport if self.config.mode == "decoupled" else "in-process",
-            "num_steps": len(eng.stats), "num_running": len(eng.running), "num_waiting": len(eng.waiting),
+            "num_steps": eng.num_steps, "num_running": len(eng.running), "num_waiting": len(eng.waiting),
             "timeline": timeline, "at_s": time.time(),
             "scheduler_reachable": self.scheduler_client.is_reachable,
             "scheduler_failures": self.scheduler_client.num_failures,
@@ -153,6 +153,9 @@ class VerifyWorker:
         if isinstance(drafter, RemoteDrafter) and drafter.push_ms:
             pushes = list(drafter.push_ms)
             out["num_pushes"], out["push_ms_mean"] = len(pushes), sum(pushes) / len(pushes)
+        if isinstance(drafter, RemoteDrafter) and eng.num_steps:
+            # all transport (rounds and pushes) spread over all steps, undrafted ones included
+            out["transport_ms_per_step"] = drafter.total_transport_ms / eng.num_steps
         if steps:
             out["verify_ms_mean"] = sum(s.verify_ms for s in steps) / len(steps)
         return out
