@@ -279,3 +279,17 @@ def test_draft_gate_stops_drafting_where_it_loses_and_stays_lossless(tiny_target
 
 def test_fixed_k_never_gates(tiny_target):
     assert Engine(config(tiny_target, "fixed"), target=tiny_target).gate is None
+
+
+@pytest.mark.parametrize("engine_cls", [Engine, PipelinedEngine])
+def test_prefill_of_admitted_requests_is_not_counted_as_step_overhead(tiny_target, prompts, engine_cls):
+    # a new request every step: each gap between rounds is mostly its prefill, which drafting does not
+    # change, so the gate's per-step overhead O must stay near the serving loop's own cost
+    engine = engine_cls(config(tiny_target), target=tiny_target)
+    long_prompt = (prompts[0] * 20)[:200]
+    for _ in range(engine.config.max_num_seqs):
+        engine.add_request(long_prompt, SamplingParams(max_tokens=NUM_NEW, ignore_eos=True))
+        engine.step()
+    rounds_ms = [s.draft_ms + s.schedule_ms + s.verify_ms for s in engine.stats]
+    assert engine.gate is not None
+    assert engine.gate.overhead_ms < 0.25 * sorted(rounds_ms)[len(rounds_ms) // 2]

@@ -96,6 +96,7 @@ class Engine:
         self.tracker = AcceptanceTracker(max(1, config.num_draft_tokens))
         self.gate = DraftGate() if config.draft_gate and self.sps is not None else None
         self._last_round: tuple[float, float] | None = None  # perf_counter start and end of the last round
+        self._prefill_ms = 0.0  # admission (prefill) time since the last round, kept out of the gate's O
         self.waiting: list[Request] = []
         self.running: list[Request] = []  # index i holds the request in cache slot i
         self.stats: list[StepStats] = []
@@ -148,8 +149,12 @@ class Engine:
         start_s = time.time()
         t0 = time.perf_counter()
         if self.gate is not None and self._last_round is not None:
-            last_start, last_end = self._last_round  # an idle wait counts at most one round's length
-            self.gate.note_overhead(min(t0 - last_end, last_end - last_start) * 1e3)
+            # prefill of newly admitted requests is paid whether or not steps draft: not overhead O.
+            # An idle wait counts at most one round's length.
+            last_start, last_end = self._last_round
+            gap_ms = (t0 - last_end) * 1e3 - self._prefill_ms
+            self.gate.note_overhead(min(gap_ms, (last_end - last_start) * 1e3))
+        self._prefill_ms = 0.0
         draft = get_draft()
         t1 = time.perf_counter()
         lengths = self._schedule(active, draft)
@@ -179,6 +184,7 @@ class Engine:
         new, self.waiting = self.waiting[:free], self.waiting[free:]
         if not new:
             return []
+        t0 = time.perf_counter()
         for req in new:
             req.slot = self.runner.cache.allocate()
             self.running.append(req)
@@ -192,6 +198,7 @@ class Engine:
             self.runner.cache.lengths[req.slot] = req.num_cached
             req.first_token_s = now
             outputs.append(self._emit(req, [tok]))
+        self._prefill_ms += (time.perf_counter() - t0) * 1e3
         return outputs
 
     def _draft(self, active: list[Request]) -> DraftOutput:
