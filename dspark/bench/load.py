@@ -182,11 +182,16 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den else None
 
 
+def output_throughput(level: LevelResult) -> float:
+    """Tokens of the requests that succeeded, per second of the level's wall time."""
+    tokens = sum(r.completion_tokens or 0 for r in level.records if r.error is None)
+    return tokens / level.wall_s if level.wall_s > 0 else 0.0
+
+
 def summarize_level(level: LevelResult, max_tokens: int, keep_requests: bool = False) -> dict:
     """The per-level figures; spec figures (τ, verification length) only from requests that report them."""
     ok = [r for r in level.records if r.error is None]
     errors = [r.error for r in level.records if r.error is not None]
-    tokens = sum(r.completion_tokens or 0 for r in ok)
     tps_user = [(r.completion_tokens - 1) / r.decode_s for r in ok
                 if r.decode_s and r.completion_tokens and r.completion_tokens > 1]
     ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
@@ -200,7 +205,7 @@ def summarize_level(level: LevelResult, max_tokens: int, keep_requests: bool = F
         "num_warmup_errors": level.num_warmup_errors,
         "num_wrong_length": sum(r.completion_tokens != max_tokens for r in ok),
         "wall_s": level.wall_s,
-        "output_throughput_tok_s": tokens / level.wall_s if level.wall_s > 0 else 0.0,
+        "output_throughput_tok_s": output_throughput(level),
         "request_throughput_req_s": len(ok) / level.wall_s if level.wall_s > 0 else 0.0,
         "tps_user_median": statistics.median(tps_user) if tps_user else None,
         "ttft_p50_s": _percentile(ttft, 50),

@@ -30,6 +30,7 @@ from dspark.bench.load import (
     fetch_server_stats,
     merge_levels,
     num_requests_for,
+    output_throughput,
     run_level_sync,
     summarize_level,
 )
@@ -140,13 +141,18 @@ def sweep(config: ServeBenchConfig, load: LoadConfig, prompts: list[Messages], b
     for c in config.concurrency:
         bar.set_postfix_str(f"C={c}")
         level = summarize_level(run_level_sync(load, prompts, c), load.max_tokens, config.keep_requests)
-        stats = fetch_server_stats(load.base_url)
-        if stats is not None:
-            level["overheads"] = overheads(stats)
-            level["server_stats"] = stats if c == config.concurrency[-1] else without_timelines(stats)
-        levels.append(level)
+        levels.append(_with_server_stats(level, load.base_url, is_last=c == config.concurrency[-1]))
         bar.update(1)
     return levels
+
+
+def _with_server_stats(level: dict, base_url: str, is_last: bool) -> dict:
+    """Add the server's overheads (and its stats, timelines only for the last level) when it has them."""
+    stats = fetch_server_stats(base_url)
+    if stats is not None:
+        level["overheads"] = overheads(stats)
+        level["server_stats"] = stats if is_last else without_timelines(stats)
+    return level
 
 
 def overheads(stats: dict) -> dict[str, Any]:
@@ -287,14 +293,8 @@ def _run_interleaved(config: ServeBenchConfig, prompts: list[Messages], bar: tqd
                 passes[name].append(run_level_sync(load, prompts[p * size:] + prompts[:p * size], c))
         for name in live:
             level = summarize_level(merge_levels(passes[name]), config.load.max_tokens, config.keep_requests)
-            level["pass_throughput_tok_s"] = [
-                sum(r.completion_tokens or 0 for r in part.records if r.error is None) / part.wall_s
-                for part in passes[name]]
-            stats = fetch_server_stats(urls[name])
-            if stats is not None:
-                level["overheads"] = overheads(stats)
-                level["server_stats"] = stats if c == config.concurrency[-1] else without_timelines(stats)
-            arms[name]["levels"].append(level)
+            level["pass_throughput_tok_s"] = [output_throughput(part) for part in passes[name]]
+            arms[name]["levels"].append(_with_server_stats(level, urls[name], is_last=c == config.concurrency[-1]))
             bar.update(1)
     return arms
 
