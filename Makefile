@@ -27,7 +27,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check dspark tests
 
 profile: $(STAMP)
-	$(BIN)/dspark profile --out configs/profiles/cpu.json
+	$(BIN)/dspark profile --out-dir configs/profiles
 
 clean:
 	rm -rf $(VENV)

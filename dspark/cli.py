@@ -79,24 +79,35 @@ def generate(
 
 @app.command()
 def profile(
-    out: Path = typer.Option(Path("configs/profiles/cpu.json"), help="Where to write the SPS profile."),
-    target: str = TARGET, device: str = DEVICE, dtype: str | None = DTYPE,
+    out_dir: Path = typer.Option(Path("configs/profiles"), help="Where the profiles go (one per dtype)."),
+    target: str = TARGET, device: str = DEVICE,
+    dtypes: str = typer.Option("auto", help="Comma-separated dtypes to profile; auto: every candidate this "
+                               "machine has (fp32, and bf16 where it has bf16 units or is a GPU)."),
     max_tokens_per_step: int = typer.Option(256, min=1),
     context_len: int = typer.Option(256, min=1),
     num_repeats: int = typer.Option(5, min=1),
     num_threads: int | None = THREADS,
 ) -> None:
-    """Measure target step time vs tokens per step (1..256) and write the SPS profile JSON."""
+    """Measure the fastest dtype per role and, per dtype, target step time vs tokens per step (SPS)."""
     _setup(num_threads)
     from dspark.bench.profile import DEFAULT_GRID, profile_target
+    from dspark.models.dtype_choice import candidate_dtypes, measure_dtypes
     from dspark.models.target import load_target
+    from dspark.verify_service.profiles import slug
 
     grid = tuple(b for b in DEFAULT_GRID if b <= max_tokens_per_step)
-    table = profile_target(load_target(target, device, dtype), grid, context_len, num_repeats=num_repeats)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    table.save(out)
-    typer.echo(json.dumps({"out": str(out), **table.to_dict(),
-                           "sps": [round(table.sps(b), 3) for b in table.tokens_per_step]}))
+    chosen = candidate_dtypes(device) if dtypes == "auto" else [d for d in dtypes.split(",") if d]
+    choice = measure_dtypes(target, device)
+    results = []
+    for dtype in chosen:
+        table = profile_target(load_target(target, device, dtype), grid, context_len, num_repeats=num_repeats)
+        table.meta["dtypes"] = choice
+        path = out_dir / f"{slug(table.meta)}.json"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        table.save(path)
+        results.append({"out": str(path), "dtype": dtype, **table.to_dict(),
+                        "sps": [round(table.sps(b), 3) for b in table.tokens_per_step]})
+    typer.echo(json.dumps({"dtype_choice": choice, "profiles": results}))
 
 
 @app.command()
@@ -348,6 +359,46 @@ def bench_serve_cmd(
             if stats and (png := plot_worker_timeline(stats, plot_dir / f"serve_timeline_{arm}.png")):
                 res["plots"].append(str(png))
     _emit(res, out)
+
+
+@bench_app.command("roofline")
+def bench_roofline_cmd(
+    target: str = TARGET, device: str = DEVICE,
+    dtypes: str = typer.Option("fp32,bf16", help="Comma-separated dtypes to measure."),
+    batch_sizes: str = typer.Option("1,8,32,128,256", help="Decode batch sizes."),
+    context_len: int = typer.Option(128, min=1, help="Cached tokens per sequence while decoding."),
+    row_invariant: bool = typer.Option(False, help="Decode with the verify engine's row-invariant kernels "
+                                       "instead of the generation path's."),
+    num_threads: int | None = THREADS,
+    out: Path | None = typer.Option(None, help="Also write the JSON here."),
+    plot: Path | None = typer.Option(None, help="PNG of achieved vs roofline by batch size."),
+) -> None:
+    """GEMM roofline, bandwidth and dispatch cost at the target's shapes, and decode against them; JSON last."""
+    _setup(num_threads)
+    from dspark.bench.plots import plot_roofline
+    from dspark.bench.roofline import run_roofline
+
+    res = run_roofline(target, [d for d in dtypes.split(",") if d], device,
+                       tuple(int(b) for b in batch_sizes.split(",") if b), context_len, row_invariant)
+    if plot:
+        res["plot"] = str(plot_roofline(res, plot))
+    _emit(res, out)
+
+
+@bench_app.command("generate")
+def bench_generate_cmd(
+    target: str = TARGET,
+    num_prompts_before: int = typer.Option(64, min=1, help="Prompts through the old synth path (32 at once)."),
+    num_prompts_after: int = typer.Option(512, min=1, help="Prompts through the generation path (256 at once)."),
+    max_tokens: int = typer.Option(128, min=1, help="New tokens per prompt (EOS ignored)."),
+    num_threads: int | None = THREADS,
+    out: Path | None = typer.Option(None, help="Also write the JSON here."),
+) -> None:
+    """Offline generation throughput: the old synth path vs the generation path, one run; JSON last."""
+    _setup(num_threads)
+    from dspark.bench.generate import run_generate_bench
+
+    _emit(run_generate_bench(target, num_prompts_before, num_prompts_after, max_tokens), out)
 
 
 @bench_app.command("transport")

@@ -21,8 +21,8 @@ from dspark.models.eagle3 import Eagle3Model
 from dspark.models.eagle3_config import Eagle3Config
 from dspark.models.mtp import MTPModel
 from dspark.models.mtp_config import MTPConfig
+from dspark.spec.chi2 import ALPHA, chi_square_pvalue
 from dspark.training.losses import dspark_loss, loss_weights
-from tests.spec.chi2 import ALPHA, chi_square_pvalue
 from tests.tiny_drafters import GAMMA, NUM_DRAFT_VOCAB, draft_vocab, make_ar, make_dflash, save_tiny_baseline
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import torch
 from typer.testing import CliRunner
 
 from dspark.cli import app
@@ -12,15 +14,24 @@ from dspark.spec.sps import SPSTable
 runner = CliRunner()
 
 
-def test_profile_writes_a_loadable_sps_table(tiny_target_dir, tmp_path):
-    out = tmp_path / "p.json"
-    res = runner.invoke(app, ["profile", "--target", str(tiny_target_dir), "--out", str(out),
-                              "--max-tokens-per-step", "16", "--context-len", "32", "--num-repeats", "2"])
+def test_profile_writes_one_loadable_sps_table_per_dtype_named_after_this_machine(tiny_target_dir, tmp_path):
+    from dspark.verify_service.profiles import find_profile, machine_identity
+
+    res = runner.invoke(app, ["profile", "--target", str(tiny_target_dir), "--out-dir", str(tmp_path),
+                              "--dtypes", "fp32", "--max-tokens-per-step", "16", "--context-len", "32",
+                              "--num-repeats", "2"])
     assert res.exit_code == 0, res.output
-    table = SPSTable.from_file(out)
+    report = json.loads(res.stdout.strip().splitlines()[-1])
+    (prof,) = report["profiles"]
+    table = SPSTable.from_file(prof["out"])
     assert table.tokens_per_step[0] == 1 and table.tokens_per_step[-1] == 16
     assert all(t > 0 for t in table.step_time_ms)
-    assert json.loads(res.stdout.strip().splitlines()[-1])["out"] == str(out)
+    assert set(table.meta["verify_cost_ratio"]) == {"1", "3", "7"}  # T(1+l)/T(1) at batch 1
+    assert set(report["dtype_choice"]["choice"]) == {"verify", "draft", "generate"}
+    # the engine finds it for this machine, model and dtype, and for no other dtype
+    ident = machine_identity(str(tiny_target_dir), "cpu", torch.float32)
+    assert find_profile(ident, [tmp_path]) == Path(prof["out"])
+    assert find_profile({**ident, "dtype": "bfloat16"}, [tmp_path]) is None
 
 
 def test_generate_json_reports_text_ids_and_steps(tiny_target_dir, tmp_path):

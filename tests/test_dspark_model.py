@@ -10,11 +10,11 @@ from dspark.models.dspark import DSparkModel
 from dspark.models.dspark_config import DSparkConfig, default_target_layers
 from dspark.models.dspark_drafter import DSparkDrafter
 from dspark.models.target import TargetModel
+from dspark.spec.chi2 import ALPHA, chi_square_pvalue
 from dspark.spec.sps import SPSTable
 from dspark.training.losses import dspark_loss, position_weights
 from dspark.verify_service.engine import Engine, EngineConfig
 from dspark.verify_service.request import SamplingParams
-from tests.spec.chi2 import ALPHA, chi_square_pvalue
 
 NUM_DRAFT_VOCAB = 40
 GAMMA = 5

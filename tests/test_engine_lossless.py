@@ -161,3 +161,27 @@ def test_requests_leaving_early_do_not_disturb_the_others(tiny_target, tiny_refe
     reqs = engine.generate(prompts[:10], [SamplingParams(max_tokens=b, ignore_eos=True) for b in budgets])
     for r, ref, b in zip(reqs, refs, budgets):
         assert r.output_ids == ref[:b]
+
+
+@pytest.fixture(scope="module")
+def smollm2_bf16():
+    from dspark.models.target import load_target
+
+    return load_target(dtype="bf16")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheduler", ["fixed", "greedy"])
+@pytest.mark.parametrize("drafter", ["ngram", "oracle"])
+def test_smollm2_bf16_greedy_speculation_equals_the_bf16_target_only_engine(smollm2_bf16, smollm2_reference,
+                                                                            drafter, scheduler):
+    """The verify dtype is fixed per deployment: in bf16, speculation changes nothing against bf16 target-only
+    decoding (each request alone, one row per step), whatever verification lengths the steps carry."""
+    prompts, _ = smollm2_reference
+    solo = make_engine(smollm2_bf16, "none", "fixed", max_num_seqs=1)
+    refs = [solo.generate([p], SamplingParams(max_tokens=64, ignore_eos=True))[0].output_ids for p in prompts]
+    engine = make_engine(smollm2_bf16, drafter, scheduler, refs, prompts, max_num_seqs=6)
+    reqs = engine.generate(prompts, SamplingParams(max_tokens=64, ignore_eos=True))
+    assert sum(r.num_accepted for r in reqs) > 0
+    for i, (r, ref) in enumerate(zip(reqs, refs)):
+        assert r.output_ids == ref, f"prompt {i}: first diff at {_first_diff(r.output_ids, ref)}"

@@ -68,13 +68,46 @@ def test_hidden_states_of_chosen_layers_match_hf(tiny_target: TargetModel) -> No
         torch.testing.assert_close(out.hidden_states[layer], r[0], atol=1e-5, rtol=1e-5)
 
 
-def test_linear_pads_rows_past_eight_without_changing_the_result() -> None:
-    from dspark.models.runner import _linear
+def test_every_gemm_kernel_computes_the_same_linear_at_every_row_count() -> None:
+    from dspark.models.gemm_plan import KERNELS, PlannedLinear
 
     gen = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(40, 24, generator=gen), torch.randn(40, generator=gen)
-    for rows in (1, 7, 8, 9, 15, 16, 17, 31, 33):  # unpadded up to 8, then up to the next multiple of 8
+    lin = PlannedLinear(weight, bias)
+    lin.pack()  # oneDNN where this build has it; "packed" falls back to F.linear otherwise
+    for rows in (1, 7, 8, 9, 15, 16, 17, 31, 33):  # wx pads past 8 rows up to the next multiple of 8
         x = torch.randn(rows, 24, generator=gen)
-        out = _linear(x, weight, bias)
-        assert out.shape == (rows, 40)
-        torch.testing.assert_close(out, torch.nn.functional.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
+        for kernel in KERNELS:
+            out = lin(x, kernel)
+            assert out.shape == (rows, 40), kernel
+            torch.testing.assert_close(out, torch.nn.functional.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
+
+
+def test_runner_matches_hf_under_every_fixed_kernel(tiny_target: TargetModel) -> None:
+    from dspark.models.gemm_plan import KERNELS, GemmPlan
+
+    seq = list(range(5, 30))
+    with torch.no_grad():
+        ref = tiny_target.model(torch.tensor([seq])).logits[0]
+    for kernel in KERNELS:
+        runner = TargetRunner(tiny_target.model, max_num_seqs=1, max_model_len=64, gemm_plan=GemmPlan.fixed(kernel))
+        slot = runner.cache.allocate()
+        first = runner.forward([SeqChunk(slot, 0, seq[:24], 24)])
+        last = runner.forward([SeqChunk(slot, 24, seq[24:], 1)])  # one row: mv where chosen
+        torch.testing.assert_close(torch.cat([first.logits, last.logits]), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_a_measured_gemm_plan_is_cached_per_machine_and_reused(tiny_target: TargetModel, tmp_path) -> None:
+    from dspark.models import gemm_plan
+    from dspark.models.gemm_plan import ROW_BUCKETS, PlannedLinear, plan_for
+
+    runner = TargetRunner(tiny_target.model, max_num_seqs=1, max_model_len=16)
+    gemm_plan._MEMO.clear()  # measure now, as on a new machine
+    layers = [lin for ly in runner.layers for lin in (ly.qkv, ly.o, ly.gate_up, ly.down)]
+    head = PlannedLinear(runner.lm_head.weight)
+    plan = plan_for(layers, head, tmp_path)
+    files = list((tmp_path / "gemm_plans").glob("*.json"))
+    assert len(files) == 1
+    assert set(plan.layer_kernels) == set(ROW_BUCKETS)
+    assert all(set(t) >= {"linear", "wx"} for t in plan.meta["timings_ms"]["layers"].values())
+    assert plan_for(layers, head, tmp_path).layer_kernels == plan.layer_kernels

@@ -238,3 +238,30 @@ def plot_worker_timeline(stats: dict, path: Path, window_s: float = 3.0) -> Path
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def plot_roofline(res: dict, path: Path) -> Path:
+    """Achieved decode GFLOP/s against the GEMM roofline at the same row count, per dtype."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for (dtype, body), color in zip(res["by_dtype"].items(), ("tab:blue", "tab:orange", "tab:green")):
+        roof = body["gemm_roofline"]
+        rows = sorted(int(r) for r in roof)
+        ax.plot(rows, [roof[r]["gflop_s"] if r in roof else roof[str(r)]["gflop_s"] for r in rows], "--",
+                color=color, label=f"{dtype} GEMM roofline")
+        dec = body["decode"]
+        bs = sorted(int(b) for b in dec)
+        ax.plot(bs, [(dec[b] if b in dec else dec[str(b)])["achieved_gflop_s"] for b in bs], "o-", color=color,
+                label=f"{dtype} decode achieved")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("rows per GEMM = sequences decoded per step")
+    ax.set_ylabel("GFLOP/s (model GEMM FLOPs)")
+    cpu = res.get("cpu", {})
+    ax.set_title(f"{cpu.get('model', '')} [{' '.join(cpu.get('flags', []))}]", fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -24,7 +24,7 @@ from torch import nn
 from dspark.models.ar_config import ARDraftConfig
 from dspark.models.draft_sampling import sample_draft_token
 from dspark.models.dspark import DSparkTrainOutput
-from dspark.models.runner import _linear
+from dspark.models.gemm_plan import wx_linear
 from dspark.models.target_tied import TargetTiedMixin
 
 
@@ -259,7 +259,7 @@ class ARDraftModel(TargetTiedMixin, nn.Module):
                 hidden = out[:, 0]
                 keys_k, keys_v = torch.cat([keys_k, k_step], dim=2), torch.cat([keys_v, v_step], dim=2)
             # weight-left matmul: for a few rows of the (N, D) head it beats F.linear on CPU (see runner)
-            logit = _linear(self.norm(hidden), self.draft_lm_head)  # (R, N)
+            logit = wx_linear(self.norm(hidden), self.draft_lm_head)  # (R, N)
             if is_sampled:
                 tok, p = sample_draft_token(logit, is_greedy, inv_temp, uniforms[:, step:step + 1])
                 probs.append(p)

@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from dspark.models.dspark_config import DSparkConfig
-from dspark.models.runner import _linear
+from dspark.models.gemm_plan import wx_linear
 from dspark.models.target_tied import TargetTiedMixin
 
 
@@ -290,7 +290,7 @@ class DSparkModel(TargetTiedMixin, nn.Module):
             x = layer(x, cos, sin, context_kv[i, 0], context_kv[i, 1], mask)
         h = self.norm(x[:, :k_out])  # (R, k, D)
         # weight-left matmul: for a few rows of the (N, D) head it beats F.linear ~1.5x on CPU (see runner)
-        base = _linear(h.flatten(0, 1), self.draft_lm_head).view(num_req, k_out, -1)  # (R, k, N)
+        base = wx_linear(h.flatten(0, 1), self.draft_lm_head).view(num_req, k_out, -1)  # (R, k, N)
         is_sampled = temperatures is not None  # decided by the caller on the host: no sync here
         if is_sampled:
             is_greedy = (temperatures <= 0)[:, None]  # (R, 1)

@@ -5,7 +5,8 @@ tokens) as ONE flattened (T, D) batch through the linear layers: no request is p
 for the matmuls, which is where the time goes. Only the attention reads a padded (R, H, q_max, L_k)
 query view against each request's own cache slot, with a causal mask; q_max is 1 + the longest
 verification length (≤ 8), so that padding is negligible. Weights are the HF module's, fused
-(q|k|v and gate|up) to cut per-layer dispatch, which dominates a 135M model on CPU.
+(q|k|v and gate|up) to cut per-layer dispatch, and each GEMM runs the kernel that a per-machine
+measurement found fastest at its row count (`gemm_plan.py`).
 """
 
 from __future__ import annotations
@@ -15,9 +16,17 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from dspark.models.gemm_plan import GemmPlan, PlannedLinear, plan_for
 from dspark.models.kv_cache import KVCachePool
+from dspark.models.target import cache_dir
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+# Keys attention reads per step, rounded up to a multiple of this (masked past the real length) where
+# the runner must be row-invariant in a low-precision dtype: the CPU SDPA kernel's bf16 result for a
+# query is then the same whatever else the step holds (blocks of 64: bf16 speculation equals bf16
+# target-only decoding on SmolLM2; blocks of 16 did not). fp32 GEMMs are not row-invariant anyway
+# (their ~1e-7 differences do not flip greedy choices), so fp32 and bulk generation read exact lengths.
+KEY_BLOCK = 64
 
 
 @dataclass
@@ -39,18 +48,20 @@ class ForwardOutput:
 @dataclass
 class _Layer:
     in_norm: torch.Tensor
-    qkv_w: torch.Tensor
-    qkv_b: torch.Tensor | None
-    o_w: torch.Tensor
+    qkv: PlannedLinear
+    o: PlannedLinear
     post_norm: torch.Tensor
-    gate_up_w: torch.Tensor
-    down_w: torch.Tensor
+    gate_up: PlannedLinear
+    down: PlannedLinear
 
 
 class TargetRunner:
     """Runs a Llama-family HF causal LM over flattened variable-length batches."""
 
-    def __init__(self, model: torch.nn.Module, max_num_seqs: int, max_model_len: int) -> None:
+    def __init__(self, model: torch.nn.Module, max_num_seqs: int, max_model_len: int,
+                 gemm_plan: GemmPlan | None = None, row_invariant: bool = True) -> None:
+        """`row_invariant`: only GEMM kernels whose rows do not depend on the row count (bf16: see
+        `gemm_plan`); verification needs it, bulk target-only generation does not."""
         arch = (model.config.architectures or [type(model).__name__])[0]
         if type(model).__name__ not in SUPPORTED_ARCHITECTURES and arch not in SUPPORTED_ARCHITECTURES:
             raise ValueError(f"architecture {arch} is not supported by the flattened runner "
@@ -69,9 +80,17 @@ class TargetRunner:
         base = model.model
         self.embed = base.embed_tokens.weight
         self.final_norm = base.norm.weight
-        self.lm_head = model.lm_head.weight
+        self.lm_head = PlannedLinear(model.lm_head.weight)
         self.rotary = base.rotary_emb
         self.layers = [self._fuse(layer) for layer in base.layers]
+        linears = [lin for ly in self.layers for lin in (ly.qkv, ly.o, ly.gate_up, ly.down)]
+        if gemm_plan is None:
+            gemm_plan = plan_for(linears, self.lm_head, cache_dir(), row_invariant)
+        elif gemm_plan.uses_packed:
+            for lin in linears + [self.lm_head]:
+                lin.pack()
+        self.gemm_plan = gemm_plan
+        self.row_invariant = row_invariant
         self.cache = KVCachePool(self.num_layers, self.num_kv_heads, self.head_dim, max_num_seqs,
                                  max_model_len, self.dtype, self.device)
 
@@ -83,12 +102,11 @@ class TargetRunner:
             qkv_b = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).detach()
         return _Layer(
             in_norm=layer.input_layernorm.weight.detach(),
-            qkv_w=torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach(),
-            qkv_b=qkv_b,
-            o_w=attn.o_proj.weight.detach(),
+            qkv=PlannedLinear(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]), qkv_b),
+            o=PlannedLinear(attn.o_proj.weight),
             post_norm=layer.post_attention_layernorm.weight.detach(),
-            gate_up_w=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(),
-            down_w=mlp.down_proj.weight.detach(),
+            gate_up=PlannedLinear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+            down=PlannedLinear(mlp.down_proj.weight),
         )
 
     @torch.inference_mode()
@@ -104,6 +122,10 @@ class TargetRunner:
         num_keys = max(c.start_pos + len(c.token_ids) for c in chunks)
         if num_keys > self.cache.max_model_len:
             raise ValueError(f"sequence of {num_keys} tokens exceeds max_model_len={self.cache.max_model_len}")
+        # Attention reads keys up to a multiple of KEY_BLOCK (the rest masked): a token's logits then do
+        # not depend on the step's shape (bf16 greedy speculation equals bf16 target-only decoding).
+        block = KEY_BLOCK if self.row_invariant and self.dtype in (torch.bfloat16, torch.float16) else 1
+        num_keys = min(-(-num_keys // block) * block, self.cache.max_model_len)
         token_ids: list[int] = []
         slots: list[int] = []
         positions: list[int] = []
@@ -123,11 +145,16 @@ class TargetRunner:
         ids = torch.tensor(token_ids, device=dev)
         slot_idx = torch.tensor(slots, device=dev)
         pos_idx = torch.tensor(positions, device=dev)
-        pad_idx = torch.tensor(pad_rows, device=dev)
+        # every row full and in slot order (decode, equal verify lengths): the padded view is the batch
+        is_dense = pad_rows == list(range(num_rows * q_max))
+        pad_idx = None if is_dense else torch.tensor(pad_rows, device=dev)
         # key k visible to padded query i of row s iff k <= start_s + i (causal within the chunk)
         q_pos = row_start.to(dev)[:, None] + torch.arange(q_max, device=dev)[None, :]  # (R, q_max)
         mask = torch.arange(num_keys, device=dev)[None, None, :] <= q_pos[:, :, None]  # (R, q_max, L_k)
-        mask = mask[:, None]  # (R, 1, q_max, L_k)
+        # queries of the G heads that share a KV head fold into one (G * q_max) query block per KV
+        # head: the attention then reads each KV head once instead of G times (2x at decode on CPU)
+        group = self.num_heads // self.num_kv_heads
+        mask = mask.repeat(1, group, 1)[:, None]  # (R, 1, G * q_max, L_k)
 
         x = F.embedding(ids, self.embed)  # (T, D)
         cos, sin = self.rotary(x[None], pos_idx[None])
@@ -136,55 +163,42 @@ class TargetRunner:
         if 0 in hidden_layers:
             hidden[0] = x
         num_tokens = ids.shape[0]
+        kernel = self.gemm_plan.kernel(num_tokens)
+        cache_rows = self.cache.rows(slot_idx, pos_idx)
         nq, nkv, hd = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.head_dim
         for i, layer in enumerate(self.layers):
             h = F.rms_norm(x, (x.shape[-1],), layer.in_norm, self.eps)
-            qkv = _linear(h, layer.qkv_w, layer.qkv_b)
-            q = qkv[:, :nq].view(num_tokens, self.num_heads, hd)
-            k = qkv[:, nq:nq + nkv].view(num_tokens, self.num_kv_heads, hd)
+            qkv = layer.qkv(h, kernel)
+            qk = qkv[:, :nq + nkv].view(num_tokens, self.num_heads + self.num_kv_heads, hd)
+            qk = qk * cos + _rotate_half(qk) * sin  # rotary on q and k at once
+            q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
             v = qkv[:, nq + nkv:].view(num_tokens, self.num_kv_heads, hd)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            self.cache.write(i, slot_idx, pos_idx, k, v)
-            q_pad = q.new_zeros(num_rows * q_max, self.num_heads, hd)
-            q_pad[pad_idx] = q
-            q_pad = q_pad.view(num_rows, q_max, self.num_heads, hd).transpose(1, 2)  # (R, H, q_max, hd)
+            self.cache.write(i, cache_rows, k, v)
+            if pad_idx is None:
+                q_pad = q
+            else:
+                q_pad = q.new_zeros(num_rows * q_max, self.num_heads, hd)
+                q_pad[pad_idx] = q
+            q_pad = q_pad.reshape(num_rows, q_max, self.num_heads, hd).transpose(1, 2)  # (R, H, q_max, hd)
+            # contiguous: a transposed GEMM output ("wx") leaves head_dim strided, and SDPA then takes a
+            # path whose rounding depends on the batch (bf16 logits would change with the step's shape)
+            q_grouped = q_pad.reshape(num_rows, self.num_kv_heads, group * q_max, hd).contiguous()
             k_all, v_all = self.cache.view(i, slot_lo + num_rows, num_keys)
             attn = F.scaled_dot_product_attention(
-                q_pad, k_all[slot_lo:], v_all[slot_lo:], attn_mask=mask, scale=self.scale, enable_gqa=True)
-            attn = attn.transpose(1, 2).reshape(num_rows * q_max, nq)[pad_idx]  # (T, H*hd)
-            x = x + _linear(attn, layer.o_w)
+                q_grouped, k_all[slot_lo:], v_all[slot_lo:], attn_mask=mask, scale=self.scale)
+            attn = attn.view(num_rows, self.num_heads, q_max, hd).transpose(1, 2).reshape(num_rows * q_max, nq)
+            if pad_idx is not None:
+                attn = attn[pad_idx]  # (T, H*hd)
+            x = x + layer.o(attn, kernel)
             h = F.rms_norm(x, (x.shape[-1],), layer.post_norm, self.eps)
-            gate, up = _linear(h, layer.gate_up_w).chunk(2, dim=-1)
-            x = x + _linear(F.silu(gate) * up, layer.down_w)
+            gate, up = layer.gate_up(h, kernel).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up, kernel)
             if i + 1 in hidden_layers:
                 hidden[i + 1] = x
         rows = x[torch.tensor(logit_rows, device=dev)] if len(logit_rows) < num_tokens else x
-        logits = _linear(F.rms_norm(rows, (rows.shape[-1],), self.final_norm, self.eps), self.lm_head)
+        head_kernel = self.gemm_plan.kernel(rows.shape[0], is_head=True)
+        logits = self.lm_head(F.rms_norm(rows, (rows.shape[-1],), self.final_norm, self.eps), head_kernel)
         return ForwardOutput(logits=logits, hidden_states=hidden)
-
-
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight.T computed as (weight @ x.T).T with x row-major, padded to a multiple of 8 past 8 rows.
-
-    With few rows (decode and verification: T ≤ a few dozen) MKL's kernel for the weight as the left
-    operand is 2-4x faster on this AVX2 CPU than F.linear's (LM head 49152x576, 16 rows: 13 ms vs 22 ms),
-    on two conditions measured here (`dspark bench batching` shows them on whole steps):
-    - x must be row-major. The outputs of this function are transposed views, and the elementwise ops
-      after them keep that column-major layout; fed back as is, 2-9 rows run 3-5x slower (LM head,
-      2 rows: 18.9 ms column-major, 4.8 ms row-major).
-    - past 8 rows, the row count must be a multiple of 8: at 9-15 or 17-31 rows the kernel falls 2-3x
-      behind its own time for the next multiple (LM head: 27 ms at 15 rows, 13 ms at 16). Zero rows up
-      to that multiple cost less than the slow path.
-    The result is a (transposed) view, which the following ops accept.
-    """
-    rows = x.shape[0]
-    pad = -rows % 8 if rows > 8 else 0
-    x = torch.cat([x, x.new_zeros(pad, x.shape[1])]) if pad else x.contiguous()
-    out = torch.mm(weight, x.t()).t()
-    if pad:
-        out = out[:rows]
-    return out + bias if bias is not None else out
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -34,8 +34,13 @@ log = logging.getLogger(__name__)
 STAGES = ("synth", "vocab", "cache", "train", "calibrate", "export")
 
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
 def data_dir(cfg: PipelineConfig) -> Path:
-    return cfg.work_dir / "data"
+    if cfg.synth.data_dir is None:
+        return cfg.work_dir / "data"
+    return cfg.synth.data_dir if cfg.synth.data_dir.is_absolute() else REPO_ROOT / cfg.synth.data_dir
 
 
 def stage_synth(cfg: PipelineConfig) -> dict:
@@ -46,14 +51,18 @@ def stage_synth(cfg: PipelineConfig) -> dict:
     if done.exists():
         return {"skipped": True, **json.loads(done.read_text())}
     e = cfg.engine
-    engine = Engine(EngineConfig(target=cfg.target, drafter=e.drafter, scheduler=e.scheduler,
-                                 max_num_seqs=e.max_num_seqs, max_model_len=e.max_model_len))
     s = cfg.synth
+    engine = Engine(EngineConfig(target=cfg.target, drafter=e.drafter, scheduler=e.scheduler, dtype=e.dtype,
+                                 dtype_role="generate", max_num_seqs=e.max_num_seqs,
+                                 max_model_len=e.max_model_len, draft_gate=False))
     report = run_synthesis(engine, SynthConfig(
-        num_prompts=s.num_prompts, num_stdlib_prompts=s.num_stdlib_prompts, domain_mix=dict(s.domain_mix),
-        shard_size=s.shard_size, prompt_max_tokens=s.prompt_max_tokens, response_max_tokens=s.response_max_tokens,
-        response_temperature=s.response_temperature, response_top_p=s.response_top_p, seed=s.seed), out)
-    done.write_text(json.dumps({**report, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}))
+        num_prompts=s.num_prompts, num_stdlib_prompts=s.num_stdlib_prompts, num_doc_prompts=s.num_doc_prompts,
+        domain_mix=dict(s.domain_mix), shard_size=s.shard_size, prompt_max_tokens=s.prompt_max_tokens,
+        response_max_tokens=s.response_max_tokens, response_temperature=s.response_temperature,
+        response_top_p=s.response_top_p, greedy_fraction=s.greedy_fraction, seed=s.seed), out, s.max_wall_s)
+    report["dtype"] = str(engine.target.dtype).removeprefix("torch.")
+    if report["is_complete"]:
+        done.write_text(json.dumps({**report, "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}))
     return report
 
 

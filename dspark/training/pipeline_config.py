@@ -20,20 +20,28 @@ class _Strict(BaseModel):
 class SynthSection(_Strict):
     num_prompts: int = Field(1024, ge=1, description="Prompts to synthesise (Magpie + stdlib).")
     num_stdlib_prompts: int = Field(160, ge=0, description="Of which derived from stdlib sources.")
+    num_doc_prompts: int = Field(0, ge=0, description="Of which from man pages and Python's docs.")
     domain_mix: dict[str, float] = Field({"math": 0.4, "code": 0.25, "chat": 0.35},
                                          description="Magpie domain weights.")
-    shard_size: int = Field(64, ge=1, description="Prompts per resumable shard.")
+    shard_size: int = Field(512, ge=1, description="Prompts per resumable shard (one refilled batch).")
     prompt_max_tokens: int = Field(80, ge=8, description="Longest synthesised user message.")
     response_max_tokens: int = Field(256, ge=8, description="Longest response.")
     response_temperature: float = Field(0.7, ge=0, description="Response sampling temperature.")
     response_top_p: float = Field(0.9, gt=0, le=1, description="Response nucleus mass.")
+    greedy_fraction: float = Field(0.0, ge=0, le=1, description="Share of responses generated at T = 0.")
     seed: int = Field(0, description="Seed for prompt planning and sampling.")
+    data_dir: Path | None = Field(None, description="Where the shards go (relative paths: to the repo root), "
+                                  "e.g. a committed data folder; default: <work_dir>/data.")
+    max_wall_s: float | None = Field(None, gt=0, description="Stop synthesising after the shard that "
+                                     "crosses this many seconds (resume later); None: run to the end.")
 
 
 class EngineSection(_Strict):
     drafter: str = Field("ngram", description="Drafter used while generating data.")
     scheduler: str = Field("greedy", description="Scheduler used while generating data.")
     max_num_seqs: int = Field(16, ge=1, description="Concurrent sequences.")
+    dtype: str = Field("auto", description="fp32 | bf16 | auto (the fastest for offline generation, measured "
+                       "on this machine).")
     max_model_len: int = Field(1024, ge=64, description="Longest prompt + response.")
 
 

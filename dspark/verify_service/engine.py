@@ -17,16 +17,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from dspark.models.drafter import Drafter, DraftOutput, DraftRequest, make_drafter
+from dspark.models.dtype_choice import chosen_dtype
 from dspark.models.runner import ForwardOutput, SeqChunk, TargetRunner
-from dspark.models.target import DEFAULT_TARGET, TargetModel, load_target
+from dspark.models.target import DEFAULT_TARGET, TargetModel, cache_dir, load_target
 from dspark.spec.draft_gate import DraftGate
+from dspark.spec.nucleus import sample_nucleus
 from dspark.spec.schedulers import make_scheduler
 from dspark.spec.sps import SPSTable
 from dspark.spec.survival import AcceptanceTracker, prefix_survival
 from dspark.spec.verification import verify
 from dspark.verify_service.batch import build_verify_input
+from dspark.verify_service.profiles import profile_for, recorded_dtype_choice
 from dspark.verify_service.request import (
     FinishReason,
     Request,
@@ -39,20 +43,20 @@ from dspark.verify_service.stopping import append_with_stops
 
 log = logging.getLogger(__name__)
 
-PROFILES_DIR = Path(__file__).resolve().parents[2] / "configs" / "profiles"
 
 
 @dataclass
 class EngineConfig:
     target: str = DEFAULT_TARGET
     device: str = "cpu"
-    dtype: str | None = None  # None: fp32 on CPU, bf16 on GPU
+    dtype: str | None = None  # None: fp32 on CPU, bf16 on GPU; "auto": the fastest for dtype_role, measured
+    dtype_role: str = "verify"  # which operating point "auto" optimises: verify | draft | generate
     drafter: str = "ngram"
     drafter_kwargs: dict = field(default_factory=dict)
     scheduler: str = "fixed"
     scheduler_kwargs: dict = field(default_factory=dict)
     num_draft_tokens: int = 7  # γ: the most a drafter proposes per request and step
-    sps_profile: str | None = None  # JSON from `dspark profile`; None: configs/profiles/<device>.json
+    sps_profile: str | None = None  # JSON from `dspark profile`; None: the profile of this machine (profiles.py)
     max_num_seqs: int = 16
     max_model_len: int = 2048
     num_threads: int | None = None
@@ -64,15 +68,44 @@ class EngineConfig:
     max_step_stats: int | None = None
 
 
-def default_profile_path(device: str) -> Path:
-    return PROFILES_DIR / f"{'cuda' if device.startswith('cuda') else 'cpu'}.json"
+def resolve_dtype(config: EngineConfig) -> str | None:
+    """The configured dtype, with "auto" replaced by the one measured fastest for the config's role."""
+    if config.dtype != "auto":
+        return config.dtype
+    recorded = recorded_dtype_choice(config.target, config.device)
+    return chosen_dtype(config.dtype_role, config.target, config.device, cache_dir(), recorded)
 
 
-def load_sps(config: EngineConfig) -> SPSTable:
-    path = Path(config.sps_profile) if config.sps_profile else default_profile_path(config.device)
-    if not path.exists():
-        raise FileNotFoundError(f"SPS profile {path} not found: run `dspark profile --out {path}`")
-    return SPSTable.from_file(path).monotone()
+def load_sps(config: EngineConfig, target: TargetModel) -> SPSTable:
+    """The configured profile, else the one measured on this machine for this target and dtype."""
+    if config.sps_profile:
+        path = Path(config.sps_profile)
+        if not path.exists():
+            raise FileNotFoundError(f"SPS profile {path} not found: run `dspark profile --out {path}`")
+        table = SPSTable.from_file(path)
+    else:
+        table, _ = profile_for(target)
+    return table.monotone()
+
+
+# Prompts prefilled per forward: attention pads every prompt of a forward to the longest, so one
+# forward over 256 prompts of ~60 tokens costs 2.6x what four forwards of 64 cost (SmolLM2, bf16).
+MAX_PREFILL_REQUESTS = 64
+MAX_PREFILL_TOKENS = 4096
+
+
+def _prefill_groups(reqs: list[Request]) -> list[list[Request]]:
+    """Consecutive runs of newly admitted requests (their slots are contiguous) within both caps."""
+    groups: list[list[Request]] = [[]]
+    num_tokens = 0
+    for req in reqs:
+        n = len(req.prompt_ids)
+        if groups[-1] and (len(groups[-1]) >= MAX_PREFILL_REQUESTS or num_tokens + n > MAX_PREFILL_TOKENS):
+            groups.append([])
+            num_tokens = 0
+        groups[-1].append(req)
+        num_tokens += n
+    return groups
 
 
 class Engine:
@@ -83,16 +116,18 @@ class Engine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.config = config
-        self.target = target or load_target(config.target, config.device, config.dtype)
+        self.target = target or load_target(config.target, config.device, resolve_dtype(config))
         self.tokenizer = self.target.tokenizer
         self.eos_ids = self.target.eos_token_ids
-        self.runner = TargetRunner(self.target.model, config.max_num_seqs, config.max_model_len)
+        # bulk generation is compared with nothing: it may use kernels whose rounding varies with the batch
+        self.runner = TargetRunner(self.target.model, config.max_num_seqs, config.max_model_len,
+                                   row_invariant=config.dtype_role != "generate")
         self.drafter = drafter if drafter is not None else make_drafter(
             config.drafter, self.target, **config.drafter_kwargs)
         # target layers whose hidden states the drafter consumes (DSpark-style context features)
         self.hidden_layers: tuple[int, ...] = tuple(getattr(self.drafter, "hidden_layers", ()))
         self.scheduler = make_scheduler(config.scheduler, **config.scheduler_kwargs)
-        self.sps = load_sps(config) if config.scheduler != "fixed" else None
+        self.sps = load_sps(config, self.target) if config.scheduler != "fixed" else None
         self.tracker = AcceptanceTracker(max(1, config.num_draft_tokens))
         self.gate = DraftGate() if config.draft_gate and self.sps is not None else None
         self._last_round: tuple[float, float] | None = None  # perf_counter start and end of the last round
@@ -188,12 +223,14 @@ class Engine:
         for req in new:
             req.slot = self.runner.cache.allocate()
             self.running.append(req)
-        out = self.runner.forward([SeqChunk(r.slot, 0, r.prompt_ids, 1) for r in new], self.hidden_layers)
-        self._feed_drafter(new, [len(r.prompt_ids) for r in new], [len(r.prompt_ids) for r in new], out)
-        first = verify(build_verify_input(out.logits, new, [[] for _ in new], None, [0] * len(new)))
+        first: list[int] = []
+        for group in _prefill_groups(new):
+            out = self.runner.forward([SeqChunk(r.slot, 0, r.prompt_ids, 1) for r in group], self.hidden_layers)
+            self._feed_drafter(group, [len(r.prompt_ids) for r in group], [len(r.prompt_ids) for r in group], out)
+            first += self._sample_plain(group, out.logits)
         outputs = []
         now = time.perf_counter()
-        for req, tok in zip(new, first.next_token):
+        for req, tok in zip(new, first):
             req.num_cached = len(req.prompt_ids)
             self.runner.cache.lengths[req.slot] = req.num_cached
             req.first_token_s = now
@@ -230,10 +267,48 @@ class Engine:
         chunks = [SeqChunk(r.slot, r.num_cached, [r.token_ids[-1]] + d[:n], n + 1)
                   for r, d, n in zip(active, draft.tokens, lengths)]
         out = self.runner.forward(chunks, self.hidden_layers)
-        result = verify(build_verify_input(out.logits, active, draft.tokens, draft.probs, lengths))
+        num_accepted, next_token = self._accept(active, draft, lengths, out.logits)
         # the drafter sees target features of exactly the tokens that stay in the cache
-        self._feed_drafter(active, [n + 1 for n in lengths], [n + 1 for n in result.num_accepted], out)
-        return result.num_accepted, result.next_token
+        self._feed_drafter(active, [n + 1 for n in lengths], [n + 1 for n in num_accepted], out)
+        return num_accepted, next_token
+
+    def _accept(self, active: list[Request], draft: DraftOutput, lengths: list[int],
+                logits: torch.Tensor) -> tuple[list[int], list[int]]:
+        """Lossless acceptance over the step's logits (rows: each request's ℓ_r drafts, then its bonus).
+
+        On CPU, requests verifying nothing are sampled by `_sample_plain` (also inside a step where
+        others verify), so what a request draws from its generator never depends on its batch.
+        """
+        plain = [i for i, n in enumerate(lengths) if n == 0]
+        if logits.device.type != "cpu" or not plain:
+            result = verify(build_verify_input(logits, active, draft.tokens, draft.probs, lengths))
+            return result.num_accepted, result.next_token
+        if len(plain) == len(active):  # a plain target step: nothing to verify, one sample per request
+            return [0] * len(active), self._sample_plain(active, logits)
+        first_row = list(itertools.accumulate((n + 1 for n in lengths), initial=0))
+        drafted = [i for i, n in enumerate(lengths) if n > 0]
+        rows = torch.tensor([r for i in drafted for r in range(first_row[i], first_row[i + 1])])
+        probs = [draft.probs[i] for i in drafted] if draft.probs is not None else None
+        result = verify(build_verify_input(logits[rows], [active[i] for i in drafted],
+                                           [draft.tokens[i] for i in drafted], probs, [lengths[i] for i in drafted]))
+        plain_tokens = self._sample_plain([active[i] for i in plain], logits[[first_row[i] for i in plain]])
+        num_accepted, next_token = [0] * len(active), [0] * len(active)
+        for i, n_acc, tok in zip(drafted, result.num_accepted, result.next_token):
+            num_accepted[i], next_token[i] = n_acc, tok
+        for i, tok in zip(plain, plain_tokens):
+            next_token[i] = tok
+        return num_accepted, next_token
+
+    def _sample_plain(self, reqs: list[Request], logits: torch.Tensor) -> list[int]:
+        """One token per request from its filtered target distribution (logits (R, V)).
+
+        On CPU the sparse nucleus sampler (no (R, V) sort, noise only for candidates) costs ~40 ms at
+        256 requests where the general verifier costs ~0.9 s; on GPUs the verifier's sort is cheap.
+        """
+        if logits.device.type == "cpu":
+            return sample_nucleus(logits, [r.params.temperature for r in reqs], [r.params.top_p for r in reqs],
+                                  [r.generator for r in reqs])
+        return verify(build_verify_input(logits, reqs, [[] for _ in reqs], None, [0] * len(reqs))).next_token
 
     def _feed_drafter(self, reqs: list[Request], chunk_lens: list[int], num_kept: list[int],
                       out: ForwardOutput) -> None:
@@ -264,7 +339,9 @@ class Engine:
         kept = append_with_stops(req, tokens, self.eos_ids, self.tokenizer)
         if req.is_finished:
             req.finish_s = time.perf_counter()
-        return RequestOutput(req.request_id, kept, list(req.output_ids), req.is_finished,
+        # the whole output only on the last one: a growing copy every step is O(n²) bytes over Ray
+        done = req.is_finished
+        return RequestOutput(req.request_id, kept, list(req.output_ids) if done else [], done,
                              req.finish_reason, len(req.prompt_ids), req.num_verified, req.num_accepted)
 
     def _reap_aborted(self) -> list[RequestOutput]:
@@ -290,9 +367,10 @@ class Engine:
                 self.drafter.release(req.request_id)
 
     # ---- convenience ---------------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
-                 ) -> list[Request]:
-        """Run prompts to completion (all admitted together, as capacity allows)."""
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
+                 progress: tqdm | None = None) -> list[Request]:
+        """Run prompts to completion: up to max_num_seqs at once, each finished one's slot refilled
+        from the queue at the next step. `progress` (a tqdm) counts the tokens emitted."""
         plist = params if isinstance(params, list) else [params] * len(prompts)
         ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
         done: dict[str, Request] = {}
@@ -300,7 +378,10 @@ class Engine:
         while self.has_unfinished():
             for r in self.waiting + self.running:
                 by_id[r.request_id] = r
-            for out in self.step():
+            outputs = self.step()
+            if progress is not None:
+                progress.update(sum(len(o.new_token_ids) for o in outputs))
+            for out in outputs:
                 if out.is_finished:
                     done[out.request_id] = by_id[out.request_id]
         return [done[i] for i in ids]

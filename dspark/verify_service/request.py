@@ -91,7 +91,7 @@ class RequestOutput:
 
     request_id: str
     new_token_ids: list[int]
-    output_ids: list[int]
+    output_ids: list[int]  # every output token, on the finishing output only ([] before)
     is_finished: bool
     finish_reason: FinishReason | None
     num_prompt_tokens: int

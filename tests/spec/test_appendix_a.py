@@ -16,6 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dspark.spec.chi2 import counts_of, matches
 from dspark.spec.schedulers import (
     AsyncCapacity,
     GlobalSearch,
@@ -24,8 +25,6 @@ from dspark.spec.schedulers import (
 )
 from dspark.spec.sps import SPSTable
 from dspark.spec.verification import VerifyInput, verify
-
-from .chi2 import counts_of, matches
 
 A, B = 0, 1
 TARGET = torch.tensor([0.7, 0.3])

@@ -19,10 +19,9 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from dspark.spec.chi2 import ALPHA, chi_square_pvalue, counts_of
 from dspark.spec.sampling import exponential_noise, logits_to_probs, sample_from_probs
 from dspark.spec.verification import VerifyInput, VerifyOutput, verify
-
-from .chi2 import ALPHA, chi_square_pvalue, counts_of
 
 VOCAB_SIZE = 6
 NUM_TOKENS = 3  # L: tokens generated per request and compared with the target

@@ -6,9 +6,8 @@ import math
 
 import torch
 
+from dspark.spec.chi2 import ALPHA, chi_square_pvalue, counts_of
 from dspark.spec.sampling import exponential_noise, logits_to_probs, sample_from_probs
-
-from .chi2 import ALPHA, chi_square_pvalue, counts_of
 
 
 def _probs(logits: list[list[float]], temperature: list[float], top_p: list[float]) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""One shared chi-square goodness-of-fit helper for the statistical tests (no scipy)."""
+"""One shared chi-square goodness-of-fit helper for the statistical tests and checks (no scipy)."""
 
 from __future__ import annotations
 

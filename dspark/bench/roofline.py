@@ -1,0 +1,172 @@
+"""`dspark bench roofline`: this machine's limits at the target's own shapes, and how close decode gets.
+
+Measured, per dtype (fp32, and bf16 where asked):
+- the GEMM roofline: FLOP/s of ALL the model's GEMMs of one step (its real weights, every layer, and
+  the LM head) at 1 ... 512 rows, with the fastest kernel at each row count (`gemm_plan` candidates);
+- memory bandwidth: a large copy and a weight-streaming read (summing every weight once);
+- per-op dispatch: the wall time of a tiny op, which bounds what 30 layers of small ops cost;
+- target-only decode at batch 1, 8, 32, 128, 256: achieved model FLOP/s (2 × parameters per token)
+  as a fraction of the roofline at that row count, the batch-1 step against its memory floor (weight
+  bytes ÷ bandwidth), and where the step's time goes (profiler self time by component; what the ops
+  do not account for is Python and dispatch).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable
+
+import torch
+
+from dspark.models.gemm_plan import KERNELS, GemmPlan, PlannedLinear, cpu_signature
+from dspark.models.runner import SeqChunk, TargetRunner
+from dspark.models.target import load_target
+
+GEMM_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+DECODE_BATCHES = (1, 8, 32, 128, 256)
+
+# profiler op name -> component of a decode step
+_COMPONENTS = {
+    "gemm": ("aten::mm", "aten::mv", "aten::addmv_", "aten::addmv", "aten::addmm", "mkldnn::_linear_pointwise",
+             "aten::matmul"),
+    "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math",
+                  "aten::_efficient_attention_forward", "aten::_flash_attention_forward",
+                  "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_flash_attention"),
+    "norms": ("aten::_fused_rms_norm", "aten::rms_norm", "aten::pow", "aten::mean", "aten::rsqrt"),
+    "kv_cache": ("aten::index_copy_",),
+}
+
+
+def _median_ms(fn: Callable[[], object], num_repeats: int, num_warmup: int = 2) -> float:
+    for _ in range(num_warmup):
+        fn()
+    samples = []
+    for _ in range(num_repeats):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(samples)
+
+
+def _linears(runner: TargetRunner) -> tuple[list[PlannedLinear], PlannedLinear]:
+    return [lin for ly in runner.layers for lin in (ly.qkv, ly.o, ly.gate_up, ly.down)], runner.lm_head
+
+
+def flops_per_token(runner: TargetRunner) -> float:
+    layers, head = _linears(runner)
+    return float(sum(2 * lin.weight.numel() for lin in layers + [head]))
+
+
+def gemm_roofline(runner: TargetRunner, rows_grid: tuple[int, ...] = GEMM_ROWS, num_repeats: int = 5) -> dict:
+    """GFLOP/s of one step's GEMMs (layers + LM head) at each row count, best kernel and all kernels."""
+    layers, head = _linears(runner)
+    can_pack = all(lin.pack() for lin in layers + [head])
+    out: dict[int, dict] = {}
+    flops_tok = flops_per_token(runner)
+    with torch.inference_mode():
+        for rows in rows_grid:
+            xs = {lin.weight.shape[1]: lin.weight.new_ones(rows, lin.weight.shape[1]) * 0.01
+                  for lin in layers + [head]}
+            per_kernel = {}
+            for kernel in KERNELS:
+                if (kernel == "packed" and not can_pack) or (kernel == "mv" and rows != 1):
+                    continue
+                ms = _median_ms(lambda k=kernel, xs=xs: [lin(xs[lin.weight.shape[1]], k) for lin in layers + [head]],
+                                num_repeats)
+                per_kernel[kernel] = round(flops_tok * rows / ms / 1e6, 1)  # GFLOP/s
+            best = max(per_kernel, key=per_kernel.__getitem__)
+            out[rows] = {"gflop_s": per_kernel[best], "kernel": best, "by_kernel": per_kernel}
+    return out
+
+
+def memory_bandwidth(runner: TargetRunner, copy_mb: int = 1024, num_repeats: int = 5) -> dict:
+    """GB/s of a large copy (read + write) and of one read of every weight."""
+    src = torch.ones(copy_mb * 2**20 // 4)
+    dst = torch.empty_like(src)
+    copy_ms = _median_ms(lambda: dst.copy_(src), num_repeats)
+    layers, head = _linears(runner)
+    weights = [lin.weight for lin in layers + [head]]
+    weight_bytes = sum(w.numel() * w.element_size() for w in weights)
+    read_ms = _median_ms(lambda: [w.sum() for w in weights], num_repeats)
+    return {"copy_gb_s": round(2 * src.numel() * 4 / copy_ms / 1e6, 1),
+            "weight_read_gb_s": round(weight_bytes / read_ms / 1e6, 1), "weight_bytes": weight_bytes}
+
+
+def dispatch_cost_us(num_ops: int = 20_000) -> float:
+    x = torch.zeros(1)
+    t0 = time.perf_counter()
+    for _ in range(num_ops):
+        x.add_(1.0)
+    return round((time.perf_counter() - t0) * 1e6 / num_ops, 2)
+
+
+def decode_breakdown(model: torch.nn.Module, plan: GemmPlan, batch: int, context_len: int = 128,
+                     num_steps: int = 8, row_invariant: bool = False) -> dict:
+    """Median decode step at `batch` sequences over a context, and its time by component."""
+    r = TargetRunner(model, batch, context_len + 64, gemm_plan=plan, row_invariant=row_invariant)
+    slots = [r.cache.allocate() for _ in range(batch)]
+    ctx = [(100 + i) % r.vocab_size for i in range(context_len)]
+    for lo in range(0, batch, 32):  # prefill in pieces: attention's padded view stays small
+        r.forward([SeqChunk(s, 0, ctx, 1) for s in slots[lo:lo + 32]])
+    pos = [context_len]
+
+    def step() -> None:
+        r.forward([SeqChunk(s, pos[0], [5], 1) for s in slots])
+        pos[0] += 1
+
+    step_ms = _median_ms(step, num_steps)
+    vocab = r.lm_head.weight.shape[0]
+    with torch.profiler.profile(record_shapes=True) as prof:
+        for _ in range(3):
+            step()
+    totals: dict[str, float] = defaultdict(float)
+    op_total = 0.0
+    for evt in prof.key_averages(group_by_input_shape=True):
+        us = evt.self_cpu_time_total / 3
+        op_total += us
+        comp = next((c for c, names in _COMPONENTS.items() if evt.key in names), "elementwise_and_other")
+        if comp == "gemm" and any(vocab in s for s in (evt.input_shapes or [])):  # a (V, D) operand
+            comp = "lm_head"
+        totals[comp] += us
+    prof_step_ms = op_total / 1e3
+    components = {k: round(v / 1e3, 2) for k, v in sorted(totals.items())}
+    # the profiler's own overhead inflates op times a little: report shares of the profiled step
+    wall_ms = _median_ms(step, 3, num_warmup=0)
+    components["python_and_dispatch"] = round(max(0.0, wall_ms - prof_step_ms), 2)
+    return {"step_ms": round(step_ms, 2), "tok_s": round(batch / step_ms * 1e3, 1), "components_ms": components}
+
+
+def run_roofline(target_name: str, dtypes: list[str], device: str = "cpu",
+                 batches: tuple[int, ...] = DECODE_BATCHES, context_len: int = 128,
+                 row_invariant: bool = False) -> dict:
+    """`row_invariant`: decode with the verify engine's kernels (bit-stable rows in bf16) instead of the
+    generation path's (any kernel)."""
+    res: dict = {"cpu": cpu_signature(), "torch": torch.__version__, "num_threads": torch.get_num_threads(),
+                 "context_len": context_len, "row_invariant": row_invariant, "by_dtype": {}}
+    for dtype in dtypes:
+        target = load_target(target_name, device, dtype)
+        runner = TargetRunner(target.model, 1, 8, row_invariant=row_invariant)
+        roof = gemm_roofline(runner)
+        bw = memory_bandwidth(runner)
+        flops_tok = flops_per_token(runner)
+        decode = {}
+        for b in batches:
+            d = decode_breakdown(target.model, runner.gemm_plan, b, context_len, row_invariant=row_invariant)
+            achieved = flops_tok * b / d["step_ms"] / 1e6
+            rows = min(GEMM_ROWS, key=lambda r, b=b: abs(r - b))
+            d.update({"achieved_gflop_s": round(achieved, 1), "roofline_gflop_s": roof[rows]["gflop_s"],
+                      "fraction_of_roofline": round(achieved / roof[rows]["gflop_s"], 3)})
+            decode[b] = d
+        floor_ms = bw["weight_bytes"] / max(bw["copy_gb_s"], bw["weight_read_gb_s"]) / 1e6
+        res["by_dtype"][dtype] = {
+            "gemm_roofline": roof, "memory": bw, "dispatch_us_per_op": dispatch_cost_us(),
+            "flops_per_token": flops_tok, "memory_floor_ms": round(floor_ms, 2), "decode": decode,
+            "batch1_over_memory_floor": round(decode[batches[0]]["step_ms"] / floor_ms, 2) if 1 in batches else None}
+        del runner, target
+    best = min(res["by_dtype"], key=lambda dt: res["by_dtype"][dt]["decode"][batches[-1]]["step_ms"])
+    res["dtype"] = best  # the faster dtype at the largest batch; both are reported
+    res["decode"] = res["by_dtype"][best]["decode"]
+    res["batch1_over_memory_floor"] = res["by_dtype"][best]["batch1_over_memory_floor"]
+    return res

@@ -1,0 +1,107 @@
+"""Which SPS profile an engine schedules against: the one measured on THIS machine, model and dtype.
+
+A profile measured on another CPU (or in another dtype) describes another throughput curve: an AVX2
+EPYC pays ~2x for verifying 8 tokens instead of 1 at batch 1 in fp32, an AMX Xeon in bf16 far less,
+and the prefix scheduler's choices follow that curve. So each profile records what it was measured on
+(`meta.cpu`: model name and ISA flags, `meta.model`, `meta.dtype`, `meta.device`), the engine looks for
+a match among the shipped profiles (`configs/profiles/`) and the ones it measured before
+(``~/.cache/dspark/profiles/``), and measures one now (a short grid, cached) when none matches.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from dspark.models.gemm_plan import cpu_signature
+from dspark.models.target import TargetModel, cache_dir
+from dspark.spec.sps import SPSTable
+
+log = logging.getLogger(__name__)
+
+SHIPPED_DIR = Path(__file__).resolve().parents[2] / "configs" / "profiles"
+STARTUP_GRID = (1, 2, 4, 8, 16, 32, 64, 128)  # what a start-up measurement covers (seconds, not minutes)
+
+
+def machine_identity(target_name: str, device: torch.device | str, dtype: torch.dtype) -> dict:
+    """What a profile must have been measured on to describe this engine's throughput."""
+    dev = torch.device(device)
+    hw = ({"gpu": torch.cuda.get_device_name(dev)} if dev.type == "cuda" else cpu_signature())
+    return {"hardware": hw, "model": Path(target_name).name, "dtype": str(dtype).removeprefix("torch."),
+            "device": dev.type}
+
+
+def identity_of(meta: dict) -> dict | None:
+    """The identity a profile's meta records, or None for a profile that does not say (not matched)."""
+    if "hardware" not in meta:
+        return None
+    return {"hardware": meta["hardware"], "model": Path(str(meta.get("model", ""))).name,
+            "dtype": meta.get("dtype"), "device": meta.get("device", "cpu")}
+
+
+def slug(identity: dict) -> str:
+    """A file name for a profile: cpu-<isa>-<model name>-<model>-<dtype>."""
+    hw = identity["hardware"]
+    if "gpu" in hw:
+        name = f"cuda-{hw['gpu']}"
+    else:
+        flags = set(hw["flags"])
+        isa = "amx" if "amx_bf16" in flags else "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags \
+            else "generic"
+        name = f"cpu-{isa}-{hw['model']}"
+    raw = f"{name}-{identity['model']}-{identity['dtype']}".lower()
+    return "".join(c if c.isalnum() else "-" for c in raw).strip("-").replace("--", "-")
+
+
+def find_profile(identity: dict, dirs: list[Path] | None = None) -> Path | None:
+    """A profile file whose recorded identity equals `identity`: shipped ones first, then measured ones."""
+    for d in dirs if dirs is not None else [SHIPPED_DIR, cache_dir() / "profiles"]:
+        for path in sorted(d.glob("*.json")) if d.is_dir() else []:
+            try:
+                meta = json.loads(path.read_text()).get("meta") or {}
+            except (OSError, ValueError):
+                continue
+            if identity_of(meta) == identity:
+                return path
+    return None
+
+
+def profile_for(target: TargetModel) -> tuple[SPSTable, Path]:
+    """The SPS table of this machine for `target`: found, or measured now and cached."""
+    from dspark.bench.profile import profile_target
+
+    identity = machine_identity(target.name, target.device, target.dtype)
+    path = find_profile(identity)
+    if path is not None:
+        log.info("SPS profile %s matches this machine", path)
+        return SPSTable.from_file(path), path
+    t0 = time.perf_counter()
+    log.warning("no SPS profile for %s: measuring one now (cached for next time)", identity)
+    table = profile_target(target, STARTUP_GRID, context_len=128, num_repeats=3, num_warmup=1, show_progress=False)
+    table.meta.update(identity)
+    table.meta["measured_at_startup_s"] = round(time.perf_counter() - t0, 1)
+    out = cache_dir() / "profiles" / f"{slug(identity)}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(table.to_dict(), indent=2))
+    tmp.replace(out)
+    return table, out
+
+
+def recorded_dtype_choice(target_name: str, device: str) -> dict | None:
+    """The per-role dtype measurement `dspark profile` stored with a profile of this machine and model."""
+    want = machine_identity(target_name, device, torch.float32)
+    for d in (SHIPPED_DIR, cache_dir() / "profiles"):
+        for path in sorted(d.glob("*.json")) if d.is_dir() else []:
+            try:
+                meta = json.loads(path.read_text()).get("meta") or {}
+            except (OSError, ValueError):
+                continue
+            ident = identity_of(meta)
+            if ident is not None and "dtypes" in meta and {**ident, "dtype": "float32"} == want:
+                return meta["dtypes"]
+    return None

@@ -1,0 +1,59 @@
+"""Every dtype path is lossless against its own target-only engine, and kernels keep rows bit-stable."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dspark.models.gemm_plan import ROW_BUCKETS, PlannedLinear, measure_plan
+from dspark.models.target import load_target
+from dspark.verify_service.engine import MAX_PREFILL_REQUESTS, Engine, EngineConfig, _prefill_groups
+from dspark.verify_service.request import Request, SamplingParams
+from tests.test_engine_lossless import tiny_prompts
+from tests.tiny import tiny_sps_path
+
+
+@pytest.fixture(scope="module")
+def tiny_bf16(tiny_target_dir):
+    return load_target(str(tiny_target_dir), dtype="bf16")
+
+
+@pytest.mark.parametrize("scheduler", ["fixed", "greedy"])
+def test_bf16_greedy_speculation_equals_bf16_target_only_decoding(tiny_bf16, scheduler):
+    prompts = tiny_prompts(tiny_bf16.model.config.vocab_size)[:12]
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+
+    def engine(drafter: str, max_num_seqs: int) -> Engine:
+        return Engine(EngineConfig(target=str(tiny_bf16.path), drafter=drafter, scheduler=scheduler,
+                                   scheduler_kwargs={"k": 5} if scheduler == "fixed" else {}, num_draft_tokens=7,
+                                   max_num_seqs=max_num_seqs, max_model_len=256, draft_gate=False,
+                                   sps_profile=tiny_sps_path(tiny_bf16.path)), target=tiny_bf16)
+
+    solo = engine("none", 1)
+    refs = [solo.generate([p], params)[0].output_ids for p in prompts]
+    spec = engine("ngram", 6)
+    reqs = spec.generate(prompts, params)
+    assert sum(r.num_accepted for r in reqs) > 0
+    assert [r.output_ids for r in reqs] == refs
+
+
+def test_a_row_invariant_bf16_plan_gives_every_row_what_it_gets_alone():
+    gen = torch.Generator().manual_seed(0)
+    layer = PlannedLinear(torch.randn(96, 48, generator=gen).bfloat16())
+    head = PlannedLinear(torch.randn(200, 48, generator=gen).bfloat16())
+    plan = measure_plan([layer] * 4, head, num_repeats=1, row_invariant=True)
+    for rows in ROW_BUCKETS:
+        for lin, is_head in ((layer, False), (head, True)):
+            x = torch.randn(rows, 48, generator=gen).bfloat16()
+            out = lin(x, plan.kernel(rows, is_head))
+            alone = torch.cat([torch.nn.functional.linear(x[i:i + 1], lin.weight) for i in range(rows)])
+            assert torch.equal(out, alone), (rows, plan.kernel(rows, is_head))
+    assert set(plan.meta["row_variant"]["layers"]) == set(ROW_BUCKETS)  # every bucket was checked
+
+
+def test_prefill_is_split_into_bounded_groups_of_consecutive_requests():
+    reqs = [Request(f"r{i}", [1] * n, SamplingParams(), None) for i, n in enumerate([10] * 70 + [4000, 200, 300])]
+    groups = _prefill_groups(reqs)
+    assert [r for g in groups for r in g] == reqs  # order kept: slots stay contiguous per group
+    assert all(len(g) <= MAX_PREFILL_REQUESTS for g in groups)
+    assert all(sum(len(r.prompt_ids) for r in g) <= 4096 or len(g) == 1 for g in groups)
