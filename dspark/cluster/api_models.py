@@ -1,8 +1,10 @@
 """OpenAI-compatible request and response bodies for /v1/completions and /v1/chat/completions.
 
-Requests ignore unknown fields: OpenAI clients send many (logprobs, user, stream_options, ...) that
-we neither need nor want to fail on. Fields we do read are validated here, so a bad value is a 400
-before the engine sees it.
+Requests ignore unknown fields: OpenAI clients send many (user, stream_options, metadata, ...) that
+change nothing about the output. An OpenAI field that WOULD change it and that we do not implement
+(logprobs, penalties, logit_bias, tools, a JSON response_format, echo, best_of, ...) is a 400 when set
+to anything but its neutral value, never silently ignored. Fields we do read are validated here, so a
+bad value is a 400 before the engine sees it.
 """
 
 from __future__ import annotations
@@ -11,17 +13,52 @@ import time
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dspark.verify_service.request import SamplingParams
 
 DEFAULT_MAX_TOKENS = 128
 
 
+def _is_neutral_response_format(value: object) -> bool:
+    return value is None or (isinstance(value, dict) and value.get("type") in (None, "text"))
+
+
+# OpenAI request fields that change the output, and the test for "set to its neutral value"
+UNSUPPORTED_FIELDS: dict[str, object] = {
+    "logprobs": lambda v: v in (None, False, 0),
+    "top_logprobs": lambda v: v in (None, 0),
+    "presence_penalty": lambda v: v in (None, 0, 0.0),
+    "frequency_penalty": lambda v: v in (None, 0, 0.0),
+    "repetition_penalty": lambda v: v in (None, 1, 1.0),
+    "logit_bias": lambda v: not v,
+    "best_of": lambda v: v in (None, 1),
+    "echo": lambda v: v in (None, False),
+    "suffix": lambda v: v in (None, ""),
+    "tools": lambda v: not v,
+    "functions": lambda v: not v,
+    "tool_choice": lambda v: v in (None, "none"),
+    "function_call": lambda v: v in (None, "none"),
+    "response_format": _is_neutral_response_format,
+    "min_tokens": lambda v: v in (None, 0),
+    "top_k": lambda v: v in (None, 0, -1),
+}
+
+
 class _SamplingFields(BaseModel):
     """Sampling fields shared by both endpoints."""
 
-    model_config = ConfigDict(extra="ignore")
+    # extra fields are kept (not validated) only to refuse the unsupported ones by name
+    model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="after")
+    def _refuse_unsupported(self) -> _SamplingFields:
+        extra = self.model_extra or {}
+        set_fields = [name for name, is_neutral in UNSUPPORTED_FIELDS.items()
+                      if name in extra and not is_neutral(extra[name])]  # type: ignore[operator]
+        if set_fields:
+            raise ValueError(f"not supported by this server: {', '.join(set_fields)} (leave unset)")
+        return self
 
     model: str | None = Field(None, description="Served model name; omitted means the one served here.")
     max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1, description="Most tokens to generate.")

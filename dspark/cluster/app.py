@@ -16,6 +16,8 @@ from typing import Any
 from fastapi import FastAPI
 from ray import serve
 
+from dspark.cluster.access import KeyRing
+from dspark.cluster.admission import Admission
 from dspark.cluster.config import ServeAppConfig
 from dspark.cluster.openai_api import GenerateEngine, build_fastapi
 from dspark.verify_service.async_engine import AsyncEngine
@@ -46,7 +48,11 @@ class SpecDecodeServer:
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         # Serve calls this after __init__, so the routes can close over this replica's engine
-        return build_fastapi(lambda: self.engine, self.config.model_name or self.config.target)
+        cfg = self.config
+        return build_fastapi(lambda: self.engine, cfg.model_name or cfg.target,
+                             keys=KeyRing.from_config(cfg.api_key_sha256, cfg.admin_api_key_sha256),
+                             admission=Admission(cfg.capacity, cfg.max_queued_requests),
+                             max_body_bytes=cfg.max_body_bytes)
 
     def check_health(self) -> None:
         # Serve restarts a replica whose engine loop died instead of routing traffic to it

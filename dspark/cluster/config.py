@@ -9,9 +9,10 @@ verify worker's capacity K.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from dspark.models.target import DEFAULT_TARGET
 from dspark.spec.schedulers import SCHEDULER_NAMES
@@ -53,7 +54,8 @@ class ServeAppConfig(BaseModel):
 
     target: str = Field(DEFAULT_TARGET, description="Target model: the embedded default or a HF folder.")
     device: str = Field("cpu", description="Torch device of the target, e.g. 'cpu' or 'cuda'.")
-    dtype: str | None = Field(None, description="fp32/bf16/fp16; null: fp32 on CPU, bf16 on GPU.")
+    dtype: str | None = Field(None, description="fp32/bf16/fp16, or auto (the fastest for verification, "
+                                                "measured on this machine); null: fp32 on CPU, bf16 on GPU.")
     drafter: str = Field("ngram", description="Drafter name (ngram, dspark, dflash, eagle3, mtp, ...).")
     drafter_kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra drafter arguments.")
     scheduler: str = Field("fixed", description="Prefix scheduler: fixed, threshold, greedy (Algorithm 1), async, "
@@ -63,7 +65,8 @@ class ServeAppConfig(BaseModel):
     draft_gate: bool = Field(True, description="Skip drafting at batch sizes where it measurably costs more "
                                                "than it returns (load-aware schedulers only).")
     sps_profile: str | None = Field(
-        None, description="SPS profile JSON; null: configs/profiles/<device>.json (unused by 'fixed').")
+        None, description="SPS profile JSON; null: the one measured on this machine for this target and dtype "
+                          "(configs/profiles/, else measured at start-up and cached; unused by 'fixed').")
     max_num_seqs: int = Field(16, ge=1, description="Most requests batched at once per replica.")
     max_model_len: int = Field(2048, ge=2, description="Most tokens (prompt + output) per request.")
     num_threads: int | None = Field(
@@ -75,8 +78,9 @@ class ServeAppConfig(BaseModel):
                                 "(the ingress only routes there).")
     num_gpus_per_replica: float = Field(0.0, ge=0, description="Ray GPUs reserved per replica.")
     max_ongoing_requests: int | None = Field(
-        None, ge=1, description="Requests in flight per replica; null: 2 * max_num_seqs, so a queue "
-                                "forms in the engine (which batches) rather than in the proxy.")
+        None, ge=1, description="Requests Serve lets into a replica; null: the admission limit "
+                                "(capacity + max_queued_requests) plus 256, so the replica itself answers "
+                                "overload with 429 rather than Serve's proxy queueing it.")
 
     mode: Literal["inline", "colocated", "decoupled"] = Field(
         "inline", description="inline: engine in the Serve replica; colocated: VerifyWorker pool with "
@@ -92,6 +96,33 @@ class ServeAppConfig(BaseModel):
     draft_device: str | None = Field(None, description="Drafter device in decoupled mode; null: same as device.")
     cluster_name: str = Field("dspark", pattern=r"^[A-Za-z0-9_.-]+$",
                               description="Prefix of the named actors (pools, scheduler).")
+    api_key_sha256: list[str] = Field(
+        default_factory=list, description="SHA-256 hex digests of the accepted API keys (bearer); also "
+                                          "DSPARK_API_KEYS (plain, comma-separated) in the environment. None at "
+                                          "all: every route is open.")
+    admin_api_key_sha256: list[str] = Field(
+        default_factory=list, description="Digests of admin keys (stats, A/B overrides); also "
+                                          "DSPARK_ADMIN_API_KEYS. Admin keys are user keys too.")
+    max_queued_requests: int = Field(
+        32, ge=0, description="Requests an ingress replica lets wait beyond what its engines batch "
+                              "(max_num_seqs per verify worker); past it: 429 with Retry-After, before any work.")
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="Largest request body; larger: 413.")
+
+    @field_validator("api_key_sha256", "admin_api_key_sha256")
+    @classmethod
+    def _hex_digests(cls, digests: list[str]) -> list[str]:
+        bad = [d for d in digests if not re.fullmatch(r"[0-9a-fA-F]{64}", d)]
+        if bad:
+            raise ValueError(f"{len(bad)} entries are not SHA-256 hex digests (64 hex digits); hash a key "
+                             "with: python -c \"import hashlib,sys; print(hashlib.sha256(sys.argv[1].encode())"
+                             ".hexdigest())\" KEY")
+        return [d.lower() for d in digests]
+
+    @property
+    def capacity(self) -> int:
+        """Requests the engines behind one ingress replica batch at once."""
+        workers = 1 if self.mode == "inline" else self.num_verify_workers
+        return max(1, self.max_num_seqs * workers // (1 if self.mode == "inline" else self.num_replicas))
 
     @model_validator(mode="after")
     def _fill_defaults(self) -> ServeAppConfig:
@@ -109,7 +140,9 @@ class ServeAppConfig(BaseModel):
         if self.model_name is None:
             self.model_name = self.target
         if self.max_ongoing_requests is None:
-            self.max_ongoing_requests = 2 * self.max_num_seqs
+            # room past the admission limit, so an overloaded replica answers 429 at once instead of
+            # Serve's proxy queueing the excess where no one refuses it
+            self.max_ongoing_requests = max(2 * self.max_num_seqs, self.capacity + self.max_queued_requests) + 256
         return self
 
     def engine_config(self, num_threads: int | None = None) -> EngineConfig:

@@ -2,13 +2,19 @@
 
 The app talks to any engine with an AsyncEngine-shaped `generate()` and a `tokenizer`, fetched per
 request through `get_engine`, so a distributed engine can replace the in-process one unchanged.
-Client mistakes are always 4xx with an OpenAI-style `{"error": {...}}` body; a dead engine is a 503.
+Client mistakes are always 4xx with an OpenAI-style `{"error": {...}}` body; a dead engine is a 503
+with `Retry-After`, overload a 429 with `Retry-After` (see `admission.py`). Every request has an id
+(`x-request-id`); what went wrong inside is logged under it, and error bodies carry only the id, never
+a traceback, an address or a path. Bearer keys guard every route (`access.py`); the operator routes
+(`/v1/dspark/stats`) need an admin key.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -19,6 +25,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from dspark.cluster.access import KeyRing
+from dspark.cluster.admission import Admission
 from dspark.cluster.api_models import (
     ChatChoice,
     ChatChunkChoice,
@@ -60,18 +68,100 @@ class GenerateEngine(Protocol):
                  request_id: str | None = None) -> AsyncIterator[RequestOutput]: ...
 
 
+ADMIN_PATHS = ("/v1/dspark/stats", "/metrics")
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+
+
 class ApiError(Exception):
     """An error answered with `status` and an OpenAI-style body."""
 
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.info = ErrorInfo(message=message, type=type_, param=param, code=code)
+        self.headers = headers or {}
 
 
-def error_response(status: int, info: ErrorInfo) -> JSONResponse:
-    return JSONResponse(ErrorResponse(error=info).model_dump(), status_code=status)
+def error_response(status: int, info: ErrorInfo, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(ErrorResponse(error=info).model_dump(), status_code=status, headers=headers)
+
+
+def _request_id(request: Request) -> str:
+    return request.scope.get("state", {}).get("request_id") or "unknown"
+
+
+class GuardMiddleware:
+    """Raw ASGI: assigns the request id, checks the bearer key and the body size before any routing.
+
+    Bodies larger than `max_body_bytes` are a 413, whether they announce it (Content-Length) or not
+    (chunked: the count stops the read at the limit)."""
+
+    def __init__(self, app: Any, keys: KeyRing, max_body_bytes: int) -> None:
+        self.app, self.keys, self.max_body_bytes = app, keys, max_body_bytes
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = uuid.uuid4().hex[:16]
+        scope.setdefault("state", {})["request_id"] = rid
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+
+        async def send_with_id(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message.setdefault("headers", []).append((b"x-request-id", rid.encode()))
+            await send(message)
+
+        access = self.keys.access_of(headers.get("authorization"))
+        if access is None:
+            await _send_error(send_with_id, 401, "missing or invalid API key (Authorization: Bearer <key>)",
+                              "authentication_error", {"WWW-Authenticate": "Bearer"})
+            return
+        if scope.get("path", "") in ADMIN_PATHS and access != "admin":
+            await _send_error(send_with_id, 403, "this route needs an admin API key", "permission_error")
+            return
+        try:
+            length = int(headers.get("content-length", "0") or 0)
+        except ValueError:
+            await _send_error(send_with_id, 400, "invalid Content-Length header")
+            return
+        if length > self.max_body_bytes:
+            await _send_error(send_with_id, 413, f"request body over {self.max_body_bytes} bytes")
+            return
+        # read the body here, at most max_body_bytes + one message, then replay it to the app
+        chunks: list[bytes] = []
+        size = 0
+        more = scope.get("method", "GET") not in ("GET", "HEAD")
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client left before sending its body
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            more = message.get("more_body", False)
+            if size > self.max_body_bytes:
+                await _send_error(send_with_id, 413, f"request body over {self.max_body_bytes} bytes")
+                return
+        body = b"".join(chunks)
+        replayed = [False]
+
+        async def replay() -> dict:
+            if not replayed[0]:
+                replayed[0] = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: wait for the disconnect, as the server would
+
+        await self.app(scope, replay, send_with_id)
+
+
+async def _send_error(send: Callable, status: int, message: str, type_: str = "invalid_request_error",
+                      headers: dict[str, str] | None = None) -> None:
+    body = json.dumps(ErrorResponse(error=ErrorInfo(message=message, type=type_)).model_dump()).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -97,15 +187,24 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def _on_api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc.status, exc.info)
+        return error_response(exc.status, exc.info, exc.headers)
 
     @app.exception_handler(EngineDeadError)
-    async def _on_engine_dead(_: Request, exc: EngineDeadError) -> JSONResponse:
-        return error_response(503, ErrorInfo(message=str(exc), type="service_unavailable_error"))
+    async def _on_engine_dead(request: Request, exc: EngineDeadError) -> JSONResponse:
+        rid = _request_id(request)
+        log.error("request %s: engine unavailable: %s", rid, exc)
+        return error_response(503, ErrorInfo(message=f"the engine is unavailable; retry later (request id {rid})",
+                                             type="service_unavailable_error"), {"Retry-After": "5"})
 
     @app.exception_handler(StarletteHTTPException)
     async def _on_http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return error_response(exc.status_code, ErrorInfo(message=str(exc.detail)))
+
+    @app.exception_handler(Exception)
+    async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        rid = _request_id(request)
+        log.error("request %s failed", rid, exc_info=exc)  # the details stay in the server's log
+        return error_response(500, ErrorInfo(message=f"internal error (request id {rid})", type="server_error"))
 
 
 @dataclass
@@ -189,6 +288,34 @@ async def _start(engine: GenerateEngine, prompt_ids: list[int], params: Sampling
     return gen, first
 
 
+class _released:  # noqa: N801 - used like the generator it wraps
+    """The engine's output stream holding an admission ticket, given back exactly once on close
+    (an async generator that never started would skip its `finally`, and leak the ticket)."""
+
+    def __init__(self, gen: Any, admission: Admission | None) -> None:
+        self.gen, self.admission, self.is_closed = gen, admission, False
+
+    def __aiter__(self) -> _released:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        try:
+            return await anext(self.gen)
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        if self.is_closed:
+            return
+        self.is_closed = True
+        try:
+            await self.gen.aclose()
+        finally:
+            if self.admission is not None:
+                self.admission.leave()
+
+
 async def _outputs(first: RequestOutput, gen: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
     yield first
     if first.is_finished:
@@ -213,10 +340,12 @@ def _encode_prompt(tokenizer: Any, body: CompletionRequest) -> list[int]:
     return list(body.prompt)
 
 
-def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str) -> FastAPI:
+def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str, keys: KeyRing | None = None,
+                  admission: Admission | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     """The OpenAI-compatible app serving `model_name` from the engine `get_engine()` returns."""
     app = FastAPI(title="dspark", description="OpenAI-compatible speculative decoding server")
     install_error_handlers(app)
+    app.add_middleware(GuardMiddleware, keys=keys or KeyRing(), max_body_bytes=max_body_bytes)
     started = int(time.time())
 
     def check_model(body_model: str | None) -> None:
@@ -225,13 +354,24 @@ def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str) -> 
                            param="model", code="model_not_found")
 
     async def begin(body: Any, encode: Any) -> tuple[list[int], TextStream, Any, RequestOutput]:
-        """Validate the model name, encode, submit, and wait for the first output (errors → 4xx)."""
+        """Admit, validate the model name, encode, submit, and wait for the first output (errors → 4xx).
+
+        The admission ticket is held by the returned generator: closing it (end, error, client gone)
+        gives it back."""
         check_model(body.model)
-        engine = get_engine()
-        prompt_ids = encode(engine.tokenizer, body)
-        stream = TextStream(engine.tokenizer, body.stop_list())
-        gen, first = await _start(engine, prompt_ids, body.sampling_params())
-        return prompt_ids, stream, gen, first
+        if admission is not None and not admission.try_enter():
+            raise ApiError(429, "the server is at capacity; retry later", type_="rate_limit_error",
+                           code="overloaded", headers={"Retry-After": str(admission.retry_after_s())})
+        try:
+            engine = get_engine()
+            prompt_ids = encode(engine.tokenizer, body)
+            stream = TextStream(engine.tokenizer, body.stop_list())
+            gen, first = await _start(engine, prompt_ids, body.sampling_params())
+        except BaseException:
+            if admission is not None:
+                admission.leave()
+            raise
+        return prompt_ids, stream, _released(gen, admission), first
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -321,9 +461,9 @@ async def _sse(first: RequestOutput, gen: AsyncIterator[RequestOutput], stream: 
                 yield chunk(text, True)
             elif text:
                 yield chunk(text, False)
-    except EngineDeadError as exc:  # headers are sent: report in-band
+    except EngineDeadError as exc:  # headers are sent: report in-band, without internals
         log.warning("stream failed: %s", exc)
-        info = ErrorInfo(message=str(exc), type="service_unavailable_error")
+        info = ErrorInfo(message="the engine became unavailable; retry later", type="service_unavailable_error")
         yield f"data: {ErrorResponse(error=info).model_dump_json()}\n\n"
     finally:
         await gen.aclose()

@@ -131,8 +131,10 @@ def load_target(name_or_path: str = DEFAULT_TARGET, device: str = "cpu",
     path = resolve_target_path(name_or_path)
     torch_dtype = parse_dtype(dtype) if dtype is not None else default_dtype(device)
     config = AutoConfig.from_pretrained(path)
+    # safetensors only: a folder that holds just pickled weights (pytorch_model.bin) is refused, since
+    # unpickling a checkpoint can run arbitrary code
     model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch_dtype,
-                                                 attn_implementation="sdpa")
+                                                 attn_implementation="sdpa", use_safetensors=True)
     model.to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     return TargetModel(model=model, tokenizer=tokenizer, name=name_or_path, path=path,

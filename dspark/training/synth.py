@@ -125,7 +125,7 @@ def read_shard(path: Path) -> list[dict]:
         texts = [b.tobytes().decode("utf-8") for b in split("prompt_text")]
         prompts, responses = split("prompt_ids"), split("response_ids")
         return [{"domain": DOMAINS[int(d)], "prompt": t, "prompt_ids": p.astype(np.int64).tolist(),
-                 "response_ids": r.astype(np.int64).tolist(), "temperature": float(temp),
+                 "response_ids": r.astype(np.int64).tolist(), "temperature": round(float(temp), 6),
                  "finish_reason": "stop" if stop else "length"}
                 for d, t, p, r, temp, stop in zip(z["domain"], texts, prompts, responses, z["temperature"],
                                                   z["is_stop"])]
@@ -166,8 +166,6 @@ def run_synthesis(engine: Engine, cfg: SynthConfig, out_dir: Path, max_wall_s: f
         path = out_dir / f"shard-{i:05d}.npz"
         if path.name in done:
             continue
-        if max_wall_s is not None and time.perf_counter() - t0 > max_wall_s:
-            break
         t_shard = time.perf_counter()
         records = synthesize_shard(engine, seeds[i * cfg.shard_size:(i + 1) * cfg.shard_size], cfg,
                                    cfg.seed + i, progress)
@@ -178,6 +176,8 @@ def run_synthesis(engine: Engine, cfg: SynthConfig, out_dir: Path, max_wall_s: f
         _save_manifest(out_dir, manifest)
         new_tokens += entry["num_response_tokens"]
         progress.set_postfix(shard=f"{i + 1}/{num_shards}", resp_tok_s=f"{new_tokens / (time.perf_counter() - t0):.0f}")
+        if max_wall_s is not None and time.perf_counter() - t0 > max_wall_s:
+            break
     progress.close()
     complete = all((out_dir / f"shard-{i:05d}.npz").exists() for i in range(num_shards))
     return {"num_shards": num_shards, "is_complete": complete, "wall_s": time.perf_counter() - t0,
