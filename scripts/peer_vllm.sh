@@ -14,7 +14,8 @@
 #            Idempotent: does nothing when vLLM already imports from the venv.
 #   serve    runs the OpenAI-compatible server (default port 8011) on
 #            ${DSPARK_VLLM_MODEL:-$HOME/.cache/dspark/models/smollm2-135m-instruct}, fp32
-#            (bf16 is several times slower on AVX2 CPUs), served model name
+#            (bf16 is several times slower on AVX2 CPUs; DSPARK_VLLM_DTYPE=bfloat16 on AMX ones),
+#            compute threads bound by DSPARK_VLLM_THREADS_BIND (e.g. 0-1; default vLLM's own), served model name
 #            `smollm2-135m-instruct`, --max-model-len 2048.
 #            --ngram K enables vLLM's n-gram (prompt-lookup) speculative decoding with
 #            K speculative tokens (prompt_lookup_max ${DSPARK_VLLM_LOOKUP_MAX:-4},
@@ -89,7 +90,7 @@ cmd_serve() {
   [[ -x "$PY" ]] || unavailable "vLLM venv missing at $VENV (run: $0 install)"
   [[ -f "$MODEL_DIR/config.json" ]] || unavailable "converted model missing at $MODEL_DIR (create it with: python -c \"from dspark.models.target import resolve_target_path; print(resolve_target_path('smollm2-135m-instruct'))\")"
   local args=(serve "$MODEL_DIR" --served-model-name "$SERVED_NAME"
-              --dtype float32 --max-model-len 2048
+              --dtype "${DSPARK_VLLM_DTYPE:-float32}" --max-model-len 2048
               --host 127.0.0.1 --port "$port")
   if [[ -n "$ngram" ]]; then
     [[ "$ngram" =~ ^[1-9][0-9]*$ ]] || { echo "peer_vllm: --ngram needs a positive integer" >&2; exit 2; }
@@ -101,6 +102,9 @@ cmd_serve() {
   fi
   # KV cache size for the CPU backend (GiB); vLLM's CPU default is generous.
   export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-4}"
+  # compute cores: vLLM's default ("auto") leaves one core of a 2-core machine to the frontend and
+  # computes on ONE; DSPARK_VLLM_THREADS_BIND=0-1 gives it both, as dspark has
+  [[ -z "${DSPARK_VLLM_THREADS_BIND:-}" ]] || export VLLM_CPU_OMP_THREADS_BIND="$DSPARK_VLLM_THREADS_BIND"
   exec "$PY" "$SCRIPT_DIR/vllm_cpu_main.py" "${args[@]}" "$@"
 }
 

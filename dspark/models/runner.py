@@ -27,6 +27,8 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
 # target-only decoding on SmolLM2; blocks of 16 did not). fp32 GEMMs are not row-invariant anyway
 # (their ~1e-7 differences do not flip greedy choices), so fp32 and bulk generation read exact lengths.
 KEY_BLOCK = 64
+ATTENTION_GROUP_ROWS = 32  # rows per attention call when their lengths differ (see _attention_groups)
+ATTENTION_MIN_SAVING = 32  # keys the shortest run must save before splitting the call is worth it
 
 
 @dataclass
@@ -126,6 +128,10 @@ class TargetRunner:
         # not depend on the step's shape (bf16 greedy speculation equals bf16 target-only decoding).
         block = KEY_BLOCK if self.row_invariant and self.dtype in (torch.bfloat16, torch.float16) else 1
         num_keys = min(-(-num_keys // block) * block, self.cache.max_model_len)
+        row_end = [0] * num_rows
+        for c in chunks:
+            row_end[c.slot - slot_lo] = c.start_pos + len(c.token_ids)
+        attn_groups = self._attention_groups(row_end, block)
         token_ids: list[int] = []
         slots: list[int] = []
         positions: list[int] = []
@@ -155,6 +161,7 @@ class TargetRunner:
         # head: the attention then reads each KV head once instead of G times (2x at decode on CPU)
         group = self.num_heads // self.num_kv_heads
         mask = mask.repeat(1, group, 1)[:, None]  # (R, 1, G * q_max, L_k)
+        group_masks = [mask[lo:hi, :, :, :keys].contiguous() for lo, hi, keys in attn_groups]
 
         x = F.embedding(ids, self.embed)  # (T, D)
         cos, sin = self.rotary(x[None], pos_idx[None])
@@ -183,9 +190,13 @@ class TargetRunner:
             # contiguous: a transposed GEMM output ("wx") leaves head_dim strided, and SDPA then takes a
             # path whose rounding depends on the batch (bf16 logits would change with the step's shape)
             q_grouped = q_pad.reshape(num_rows, self.num_kv_heads, group * q_max, hd).contiguous()
-            k_all, v_all = self.cache.view(i, slot_lo + num_rows, num_keys)
-            attn = F.scaled_dot_product_attention(
-                q_grouped, k_all[slot_lo:], v_all[slot_lo:], attn_mask=mask, scale=self.scale)
+            parts = []
+            for (lo, hi, keys), group_mask in zip(attn_groups, group_masks):
+                k_all, v_all = self.cache.view(i, slot_lo + hi, keys)
+                parts.append(F.scaled_dot_product_attention(
+                    q_grouped[lo:hi], k_all[slot_lo + lo:], v_all[slot_lo + lo:], attn_mask=group_mask,
+                    scale=self.scale))
+            attn = parts[0] if len(parts) == 1 else torch.cat(parts)
             attn = attn.view(num_rows, self.num_heads, q_max, hd).transpose(1, 2).reshape(num_rows * q_max, nq)
             if pad_idx is not None:
                 attn = attn[pad_idx]  # (T, H*hd)
@@ -199,6 +210,28 @@ class TargetRunner:
         head_kernel = self.gemm_plan.kernel(rows.shape[0], is_head=True)
         logits = self.lm_head(F.rms_norm(rows, (rows.shape[-1],), self.final_norm, self.eps), head_kernel)
         return ForwardOutput(logits=logits, hidden_states=hidden)
+
+
+    def _attention_groups(self, row_end: list[int], block: int) -> list[tuple[int, int, int]]:
+        """(first row, end row, keys to read) per attention call.
+
+        One call reads every row's keys up to the LONGEST row's length (the rest masked), which at 256
+        sequences of 60-280 tokens is 3x the keys needed. So rows go in runs of ATTENTION_GROUP_ROWS,
+        each reading up to its own longest row (rounded up to `block`); runs that would read the same
+        length merge back into one call.
+        """
+        groups: list[tuple[int, int, int]] = []
+        cap = self.cache.max_model_len
+        for lo in range(0, len(row_end), ATTENTION_GROUP_ROWS):
+            hi = min(len(row_end), lo + ATTENTION_GROUP_ROWS)
+            keys = min(-(-max(max(row_end[lo:hi]), 1) // block) * block, cap)
+            if groups and groups[-1][2] == keys:
+                groups[-1] = (groups[-1][0], hi, keys)
+            else:
+                groups.append((lo, hi, keys))
+        if len(groups) > 1 and max(k for *_, k in groups) - min(k for *_, k in groups) < ATTENTION_MIN_SAVING:
+            return [(0, len(row_end), max(k for *_, k in groups))]  # too little to save for the extra calls
+        return groups
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

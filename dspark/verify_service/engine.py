@@ -369,10 +369,15 @@ class Engine:
     # ---- convenience ---------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
                  progress: tqdm | None = None) -> list[Request]:
-        """Run prompts to completion: up to max_num_seqs at once, each finished one's slot refilled
-        from the queue at the next step. `progress` (a tqdm) counts the tokens emitted."""
+        """Run prompts to completion: up to max_num_seqs at once (longest prompts first), each finished
+        one's slot refilled from the queue at the next step. `progress` (a tqdm) counts the tokens emitted."""
         plist = params if isinstance(params, list) else [params] * len(prompts)
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        # longest prompts first: requests admitted together then have similar lengths, so attention
+        # (which reads each run of rows up to its longest) wastes little; results come back in input order
+        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+        ids = [""] * len(prompts)
+        for i in order:
+            ids[i] = self.add_request(prompts[i], plist[i])
         done: dict[str, Request] = {}
         by_id = {}
         while self.has_unfinished():
