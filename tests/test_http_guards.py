@@ -108,7 +108,7 @@ def test_bodies_over_the_limit_are_413_announced_or_chunked(guarded) -> None:
         assert resp.status_code == 413 and "bytes" in resp.json()["error"]["message"]
 
 
-@pytest.mark.parametrize("extra", [{"logprobs": True, "top_logprobs": 3}, {"logprobs": 2}, {"presence_penalty": 0.5},
+@pytest.mark.parametrize("extra", [{"presence_penalty": 0.5},
                                    {"logit_bias": {"5": 10}}, {"tools": [{"type": "function"}]},
                                    {"response_format": {"type": "json_object"}}, {"echo": True}])
 def test_fields_that_would_change_the_output_are_refused_not_ignored(guarded, extra) -> None:
@@ -126,6 +126,7 @@ def test_neutral_values_of_those_fields_are_accepted(guarded) -> None:
     with _client(url) as c:
         resp = c.post("/v1/chat/completions", json={
             "model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}], "logprobs": False,
+            "top_logprobs": 0,
             "presence_penalty": 0, "response_format": {"type": "text"}, "user": "u-1", "stream_options": {}})
         assert resp.status_code == 200, resp.text
 
@@ -171,3 +172,29 @@ def test_fuzzed_bodies_never_get_a_5xx_or_a_leak(guarded, path, body) -> None:
     if resp.status_code >= 400:
         assert resp.json()["error"]["message"]  # a reason, OpenAI-style
         assert not LEAKS.search(resp.text), resp.text
+
+
+def test_logprobs_come_back_in_openai_formats_for_chat_and_completions(guarded) -> None:
+    url, _ = guarded
+    with _client(url) as c:
+        chat = c.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 6, "temperature": 0,
+                                                    "ignore_eos": True, "logprobs": True, "top_logprobs": 2,
+                                                    "messages": [{"role": "user", "content": "hi"}]}).json()
+        content = chat["choices"][0]["logprobs"]["content"]
+        assert len(content) == chat["usage"]["completion_tokens"] == 6
+        assert all(len(t["top_logprobs"]) == 2 and t["logprob"] <= 0 for t in content)
+        assert all(t["logprob"] == pytest.approx(t["top_logprobs"][0]["logprob"]) for t in content)  # greedy
+        comp = c.post("/v1/completions", json={"model": MODEL, "max_tokens": 5, "prompt": "the cat",
+                                               "ignore_eos": True, "logprobs": 1}).json()
+        lp = comp["choices"][0]["logprobs"]
+        assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 5
+        assert lp["text_offset"][0] == 0
+        events = []
+        with c.stream("POST", "/v1/chat/completions", json={
+                "model": MODEL, "max_tokens": 6, "temperature": 0, "ignore_eos": True, "logprobs": True,
+                "stream": True, "messages": [{"role": "user", "content": "hi"}]}) as resp:
+            for line in resp.iter_lines():
+                if line.startswith("data: {"):
+                    events.append(json.loads(line[6:]))
+        streamed = [t for e in events for t in (e["choices"][0]["logprobs"] or {}).get("content", [])]
+        assert [t["logprob"] for t in streamed] == pytest.approx([t["logprob"] for t in content])

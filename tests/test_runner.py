@@ -111,3 +111,20 @@ def test_a_measured_gemm_plan_is_cached_per_machine_and_reused(tiny_target: Targ
     assert set(plan.layer_kernels) == set(ROW_BUCKETS)
     assert all(set(t) >= {"linear", "wx"} for t in plan.meta["timings_ms"]["layers"].values())
     assert plan_for(layers, head, tmp_path).layer_kernels == plan.layer_kernels
+
+
+def test_attention_split_into_runs_of_rows_by_length_matches_hf(tiny_target: TargetModel) -> None:
+    from dspark.models.runner import ATTENTION_GROUP_ROWS
+
+    num = ATTENTION_GROUP_ROWS + 9  # more rows than one run: the short run reads fewer keys
+    runner = TargetRunner(tiny_target.model, max_num_seqs=num, max_model_len=160)
+    gen = torch.Generator().manual_seed(3)
+    lengths = [120 if i < ATTENTION_GROUP_ROWS else 6 for i in range(num)]
+    seqs = [torch.randint(4, runner.vocab_size, (n + 1,), generator=gen) for n in lengths]
+    slots = [runner.cache.allocate() for _ in seqs]
+    runner.forward([SeqChunk(s, 0, q[:-1].tolist(), 1) for s, q in zip(slots, seqs)])
+    assert len(runner._attention_groups([n + 1 for n in lengths], 1)) == 2
+    out = runner.forward([SeqChunk(s, len(q) - 1, q[-1:].tolist(), 1) for s, q in zip(slots, seqs)])
+    with torch.no_grad():
+        refs = torch.stack([tiny_target.model(q[None]).logits[0, -1] for q in seqs])
+    torch.testing.assert_close(out.logits, refs, atol=1e-5, rtol=1e-5)

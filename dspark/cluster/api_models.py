@@ -2,7 +2,7 @@
 
 Requests ignore unknown fields: OpenAI clients send many (user, stream_options, metadata, ...) that
 change nothing about the output. An OpenAI field that WOULD change it and that we do not implement
-(logprobs, penalties, logit_bias, tools, a JSON response_format, echo, best_of, ...) is a 400 when set
+(penalties, logit_bias, tools, a JSON response_format, echo, best_of, ...) is a 400 when set
 to anything but its neutral value, never silently ignored. Fields we do read are validated here, so a
 bad value is a 400 before the engine sees it.
 """
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from dspark.verify_service.request import SamplingParams
+from dspark.verify_service.request import MAX_LOGPROBS, SamplingParams
 
 DEFAULT_MAX_TOKENS = 128
 
@@ -26,8 +26,6 @@ def _is_neutral_response_format(value: object) -> bool:
 
 # OpenAI request fields that change the output, and the test for "set to its neutral value"
 UNSUPPORTED_FIELDS: dict[str, object] = {
-    "logprobs": lambda v: v in (None, False, 0),
-    "top_logprobs": lambda v: v in (None, 0),
     "presence_penalty": lambda v: v in (None, 0, 0.0),
     "frequency_penalty": lambda v: v in (None, 0, 0.0),
     "repetition_penalty": lambda v: v in (None, 1, 1.0),
@@ -103,6 +101,13 @@ class CompletionRequest(_SamplingFields):
     """Body of POST /v1/completions."""
 
     prompt: str | list[int] = Field(..., description="Prompt text, or prompt token ids.")
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="Report the target's logprob of "
+                                 "each token and this many most likely alternatives (legacy completions format).")
+
+    def sampling_params(self) -> SamplingParams:
+        params = super().sampling_params()
+        params.logprobs = self.logprobs
+        return params
 
 
 class ChatMessage(BaseModel):
@@ -120,11 +125,22 @@ class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(..., min_length=1, description="The conversation so far.")
     max_completion_tokens: int | None = Field(
         None, ge=1, description="Newer OpenAI name for max_tokens; wins when both are given.")
+    logprobs: bool | None = Field(None, description="Report the target's logprob of each output token.")
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS,
+                                     description="With logprobs: this many most likely alternatives per token.")
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
 
     def sampling_params(self) -> SamplingParams:
         params = super().sampling_params()
         if self.max_completion_tokens is not None:
             params.max_tokens = self.max_completion_tokens
+        if self.logprobs:
+            params.logprobs = self.top_logprobs or 0
         return params
 
 
@@ -161,7 +177,8 @@ class CompletionChoice(BaseModel):
 
     index: int = Field(0, description="Choice index (always 0: n=1).")
     text: str = Field(..., description="Generated text, cut before a matched stop string.")
-    logprobs: None = Field(None, description="Not supported; always null.")
+    logprobs: dict[str, Any] | None = Field(None, description="With `logprobs`: tokens, token_logprobs, "
+                                            "top_logprobs, text_offset (the target's, at the emitted tokens).")
     finish_reason: str | None = Field(None, description="'stop', 'length', or null while streaming.")
 
 
@@ -201,7 +218,7 @@ class ChatChoice(BaseModel):
 
     index: int = Field(0, description="Choice index (always 0: n=1).")
     message: ChatResponseMessage = Field(..., description="The reply.")
-    logprobs: None = Field(None, description="Not supported; always null.")
+    logprobs: dict[str, Any] | None = Field(None, description="With `logprobs`: {'content': [...]} per token.")
     finish_reason: str | None = Field(None, description="'stop' or 'length'.")
 
 
@@ -229,7 +246,7 @@ class ChatChunkChoice(BaseModel):
 
     index: int = Field(0, description="Choice index (always 0: n=1).")
     delta: ChatDelta = Field(..., description="New reply text.")
-    logprobs: None = Field(None, description="Not supported; always null.")
+    logprobs: dict[str, Any] | None = Field(None, description="With `logprobs`: the chunk's tokens.")
     finish_reason: str | None = Field(None, description="Set on the last chunk only.")
 
 

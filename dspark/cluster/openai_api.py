@@ -11,6 +11,7 @@ a traceback, an address or a path. Bearer keys guard every route (`access.py`); 
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import time
@@ -47,6 +48,7 @@ from dspark.cluster.api_models import (
     Usage,
     new_id,
 )
+from dspark.spec.logprobs import TokenLogprob
 from dspark.verify_service.async_engine import EngineDeadError
 from dspark.verify_service.request import RequestOutput, SamplingParams
 
@@ -224,10 +226,14 @@ class TextStream:
     num_sent_chars: int = 0
     is_stopped: bool = False
     finish_reason: str | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    num_sent_logprobs: int = 0
 
     def add(self, out: RequestOutput) -> None:
         # new_token_ids is the step's own list; output_ids aliases the engine's live list
         self.token_ids += out.new_token_ids
+        if out.new_logprobs:
+            self.logprobs += out.new_logprobs
         self.num_steps += bool(out.new_token_ids)
         self.num_verified, self.num_accepted = out.num_verified, out.num_accepted
         if out.is_finished:
@@ -261,6 +267,28 @@ class TextStream:
                     held = k
                     break
         return held
+
+    def new_logprobs(self) -> list[TokenLogprob]:
+        """Entries not yet sent (streaming: each chunk carries those of the tokens it brought)."""
+        new = self.logprobs[self.num_sent_logprobs:]
+        self.num_sent_logprobs = len(self.logprobs)
+        return new
+
+    def completion_logprobs(self, entries: list[TokenLogprob]) -> dict[str, Any]:
+        """The legacy completions format: tokens, token_logprobs, top_logprobs, text_offset."""
+        tokens = [self.tokenizer.decode([e.token_id]) for e in entries]
+        offsets = list(itertools.accumulate((len(t) for t in tokens), initial=0))[:-1]
+        return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
+                "top_logprobs": [{self.tokenizer.decode([t]): lp for t, lp in e.top} for e in entries],
+                "text_offset": offsets}
+
+    def chat_logprobs(self, entries: list[TokenLogprob]) -> dict[str, Any]:
+        """The chat format: {'content': [{token, logprob, bytes, top_logprobs: [...]}]}."""
+        def item(token_id: int, logprob: float) -> dict[str, Any]:
+            text = self.tokenizer.decode([token_id])
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+        return {"content": [{**item(e.token_id, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]}
+                            for e in entries]}
 
     def usage(self, num_prompt_tokens: int) -> Usage:
         num = len(self.token_ids)
@@ -395,17 +423,25 @@ def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str, key
         prompt_ids, stream, gen, first = await begin(body, _encode_prompt)
         rid, created = new_id("cmpl"), int(time.time())
 
+        wants_logprobs = body.logprobs is not None
+
         def chunk(text: str, is_last: bool) -> str:
+            lp = stream.completion_logprobs(stream.new_logprobs()) if wants_logprobs else None
             c = CompletionChunk(id=rid, created=created, model=model_name,
-                                choices=[CompletionChoice(text=text, finish_reason=stream.finish_reason)],
+                                choices=[CompletionChoice(text=text, logprobs=lp, finish_reason=stream.finish_reason)],
                                 usage=stream.usage(len(prompt_ids)) if is_last else None,
                                 dspark=stream.spec_stats() if is_last else None)
             return f"data: {c.model_dump_json()}\n\n"
 
-        return await _respond(body.stream, first, gen, stream, chunk, lambda: CompletionResponse(
-            id=rid, created=created, model=model_name,
-            choices=[CompletionChoice(text=stream.delta(), finish_reason=stream.finish_reason)],
-            usage=stream.usage(len(prompt_ids)), dspark=stream.spec_stats()))
+        def full() -> CompletionResponse:
+            text = stream.delta()
+            lp = stream.completion_logprobs(stream.logprobs) if wants_logprobs else None
+            return CompletionResponse(
+                id=rid, created=created, model=model_name,
+                choices=[CompletionChoice(text=text, logprobs=lp, finish_reason=stream.finish_reason)],
+                usage=stream.usage(len(prompt_ids)), dspark=stream.spec_stats())
+
+        return await _respond(body.stream, first, gen, stream, chunk, full)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest) -> ChatCompletionResponse | StreamingResponse:
@@ -413,20 +449,27 @@ def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str, key
         rid, created = new_id("chatcmpl"), int(time.time())
         is_first = [True]
 
+        wants_logprobs = bool(body.logprobs)
+
         def chunk(text: str, is_last: bool) -> str:
             delta = ChatDelta(role="assistant" if is_first[0] else None, content=text)
             is_first[0] = False
-            choice = ChatChunkChoice(delta=delta, finish_reason=stream.finish_reason)
+            lp = stream.chat_logprobs(stream.new_logprobs()) if wants_logprobs else None
+            choice = ChatChunkChoice(delta=delta, logprobs=lp, finish_reason=stream.finish_reason)
             c = ChatCompletionChunk(id=rid, created=created, model=model_name, choices=[choice],
                                     usage=stream.usage(len(prompt_ids)) if is_last else None,
                                     dspark=stream.spec_stats() if is_last else None)
             return f"data: {c.model_dump_json()}\n\n"
 
-        return await _respond(body.stream, first, gen, stream, chunk, lambda: ChatCompletionResponse(
-            id=rid, created=created, model=model_name,
-            choices=[ChatChoice(message=ChatResponseMessage(content=stream.delta()),
-                                finish_reason=stream.finish_reason)],
-            usage=stream.usage(len(prompt_ids)), dspark=stream.spec_stats()))
+        def full() -> ChatCompletionResponse:
+            message = ChatResponseMessage(content=stream.delta())
+            lp = stream.chat_logprobs(stream.logprobs) if wants_logprobs else None
+            return ChatCompletionResponse(
+                id=rid, created=created, model=model_name,
+                choices=[ChatChoice(message=message, logprobs=lp, finish_reason=stream.finish_reason)],
+                usage=stream.usage(len(prompt_ids)), dspark=stream.spec_stats())
+
+        return await _respond(body.stream, first, gen, stream, chunk, full)
 
     return app
 

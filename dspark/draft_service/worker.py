@@ -20,6 +20,7 @@ from dspark.cluster.config import ServeAppConfig
 from dspark.draft_service.service import DraftService, serve_channel
 from dspark.models.drafter import make_drafter
 from dspark.models.target import load_target
+from dspark.verify_service.engine import resolve_dtype
 
 
 class DraftWorker:
@@ -27,7 +28,8 @@ class DraftWorker:
         self.worker_id, self.config = worker_id, config
         torch.set_num_threads(config.draft_worker.threads())
         device = config.draft_device or ("cuda" if config.draft_worker.num_gpus else config.device)
-        target = load_target(config.target, device, config.dtype)
+        # the verify side's dtype (auto: measured for verification), so features arrive as the drafter expects
+        target = load_target(config.target, device, resolve_dtype(config.engine_config()))
         drafter = make_drafter(config.drafter, target, **dict(config.drafter_kwargs))
         self.service = DraftService(drafter)
         self.channel: GlooChannel | None = None

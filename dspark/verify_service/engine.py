@@ -24,6 +24,7 @@ from dspark.models.dtype_choice import chosen_dtype
 from dspark.models.runner import ForwardOutput, SeqChunk, TargetRunner
 from dspark.models.target import DEFAULT_TARGET, TargetModel, cache_dir, load_target
 from dspark.spec.draft_gate import DraftGate
+from dspark.spec.logprobs import token_logprobs
 from dspark.spec.nucleus import sample_nucleus
 from dspark.spec.schedulers import make_scheduler
 from dspark.spec.sps import SPSTable
@@ -227,7 +228,9 @@ class Engine:
         for group in _prefill_groups(new):
             out = self.runner.forward([SeqChunk(r.slot, 0, r.prompt_ids, 1) for r in group], self.hidden_layers)
             self._feed_drafter(group, [len(r.prompt_ids) for r in group], [len(r.prompt_ids) for r in group], out)
-            first += self._sample_plain(group, out.logits)
+            tokens = self._sample_plain(group, out.logits)
+            self._note_logprobs(group, out.logits, [[i] for i in range(len(group))], [[t] for t in tokens])
+            first += tokens
         outputs = []
         now = time.perf_counter()
         for req, tok in zip(new, first):
@@ -268,6 +271,11 @@ class Engine:
                   for r, d, n in zip(active, draft.tokens, lengths)]
         out = self.runner.forward(chunks, self.hidden_layers)
         num_accepted, next_token = self._accept(active, draft, lengths, out.logits)
+        if any(r.params.logprobs is not None for r in active):
+            first_row = list(itertools.accumulate((n + 1 for n in lengths), initial=0))
+            rows = [list(range(f, f + n + 1)) for f, n in zip(first_row, num_accepted)]  # accepted drafts, then last
+            self._note_logprobs(active, out.logits, rows,
+                                [d[:n] + [t] for d, n, t in zip(draft.tokens, num_accepted, next_token)])
         # the drafter sees target features of exactly the tokens that stay in the cache
         self._feed_drafter(active, [n + 1 for n in lengths], [n + 1 for n in num_accepted], out)
         return num_accepted, next_token
@@ -298,6 +306,13 @@ class Engine:
         for i, tok in zip(plain, plain_tokens):
             next_token[i] = tok
         return num_accepted, next_token
+
+    def _note_logprobs(self, reqs: list[Request], logits: torch.Tensor, rows: list[list[int]],
+                       tokens: list[list[int]]) -> None:
+        """Target logprobs of the tokens this step emits, for the requests that asked (see spec/logprobs)."""
+        for req, r_rows, r_tokens in zip(reqs, rows, tokens):
+            if req.params.logprobs is not None:
+                req.pending_logprobs = token_logprobs(logits, r_rows, r_tokens, req.params.logprobs)
 
     def _sample_plain(self, reqs: list[Request], logits: torch.Tensor) -> list[int]:
         """One token per request from its filtered target distribution (logits (R, V)).
@@ -341,8 +356,11 @@ class Engine:
             req.finish_s = time.perf_counter()
         # the whole output only on the last one: a growing copy every step is O(n²) bytes over Ray
         done = req.is_finished
+        logprobs = None
+        if req.params.logprobs is not None:
+            logprobs, req.pending_logprobs = req.pending_logprobs[:len(kept)], []
         return RequestOutput(req.request_id, kept, list(req.output_ids) if done else [], done,
-                             req.finish_reason, len(req.prompt_ids), req.num_verified, req.num_accepted)
+                             req.finish_reason, len(req.prompt_ids), req.num_verified, req.num_accepted, logprobs)
 
     def _reap_aborted(self) -> list[RequestOutput]:
         outputs = []

@@ -8,6 +8,10 @@ from enum import StrEnum
 
 import torch
 
+from dspark.spec.logprobs import TokenLogprob
+
+MAX_LOGPROBS = 20
+
 
 @dataclass
 class SamplingParams:
@@ -17,6 +21,7 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
+    logprobs: int | None = None  # report the target's logprob of each token, and this many alternatives
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -27,6 +32,8 @@ class SamplingParams:
             raise ValueError("top_p must be in (0, 1]")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise ValueError("seed must be in [0, 2**63)")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs (alternatives per token) must be in [0, {MAX_LOGPROBS}]")
 
     @property
     def is_greedy(self) -> bool:
@@ -70,6 +77,7 @@ class Request:
     num_accepted: int = 0
     arrival_s: float = field(default_factory=time.perf_counter)
     first_token_s: float | None = None
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)  # of the tokens the step emits
     finish_s: float | None = None
 
     @property
@@ -97,6 +105,7 @@ class RequestOutput:
     num_prompt_tokens: int
     num_verified: int = 0  # draft tokens verified for this request so far
     num_accepted: int = 0  # of which accepted
+    new_logprobs: list[TokenLogprob] | None = None  # aligned with new_token_ids, when asked for
 
 
 @dataclass

@@ -29,6 +29,7 @@ from dspark.models.drafter import make_drafter
 from dspark.models.target import load_target
 from dspark.verify_service.async_engine import AsyncEngine
 from dspark.verify_service.capacity import CentralCapacity
+from dspark.verify_service.engine import resolve_dtype
 from dspark.verify_service.pipelined_engine import PipelinedEngine
 from dspark.verify_service.request import RequestOutput, SamplingParams
 
@@ -42,7 +43,7 @@ class VerifyWorker:
         self.worker_id, self.config = worker_id, config
         engine_cfg = config.worker_engine_config()
         torch.set_num_threads(engine_cfg.num_threads or 1)
-        target = load_target(engine_cfg.target, engine_cfg.device, engine_cfg.dtype)
+        target = load_target(engine_cfg.target, engine_cfg.device, resolve_dtype(engine_cfg))
         drafter = None
         if config.mode == "colocated":
             drafter = make_drafter(config.drafter, target, **dict(config.drafter_kwargs))
