@@ -13,14 +13,12 @@ Measured, per dtype (fp32, and bf16 where asked):
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable
 
 import torch
 
-from dspark.models.gemm_plan import KERNELS, GemmPlan, PlannedLinear, cpu_signature
+from dspark.models.gemm_plan import KERNELS, GemmPlan, PlannedLinear, cpu_signature, median_ms
 from dspark.models.runner import SeqChunk, TargetRunner
 from dspark.models.target import load_target
 
@@ -37,17 +35,6 @@ _COMPONENTS = {
     "norms": ("aten::_fused_rms_norm", "aten::rms_norm", "aten::pow", "aten::mean", "aten::rsqrt"),
     "kv_cache": ("aten::index_copy_",),
 }
-
-
-def _median_ms(fn: Callable[[], object], num_repeats: int, num_warmup: int = 2) -> float:
-    for _ in range(num_warmup):
-        fn()
-    samples = []
-    for _ in range(num_repeats):
-        t0 = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(samples)
 
 
 def _linears(runner: TargetRunner) -> tuple[list[PlannedLinear], PlannedLinear]:
@@ -73,7 +60,7 @@ def gemm_roofline(runner: TargetRunner, rows_grid: tuple[int, ...] = GEMM_ROWS, 
             for kernel in KERNELS:
                 if (kernel == "packed" and not can_pack) or (kernel == "mv" and rows != 1):
                     continue
-                ms = _median_ms(lambda k=kernel, xs=xs: [lin(xs[lin.weight.shape[1]], k) for lin in layers + [head]],
+                ms = median_ms(lambda k=kernel, xs=xs: [lin(xs[lin.weight.shape[1]], k) for lin in layers + [head]],
                                 num_repeats)
                 per_kernel[kernel] = round(flops_tok * rows / ms / 1e6, 1)  # GFLOP/s
             best = max(per_kernel, key=per_kernel.__getitem__)
@@ -85,11 +72,11 @@ def memory_bandwidth(runner: TargetRunner, copy_mb: int = 1024, num_repeats: int
     """GB/s of a large copy (read + write) and of one read of every weight."""
     src = torch.ones(copy_mb * 2**20 // 4)
     dst = torch.empty_like(src)
-    copy_ms = _median_ms(lambda: dst.copy_(src), num_repeats)
+    copy_ms = median_ms(lambda: dst.copy_(src), num_repeats)
     layers, head = _linears(runner)
     weights = [lin.weight for lin in layers + [head]]
     weight_bytes = sum(w.numel() * w.element_size() for w in weights)
-    read_ms = _median_ms(lambda: [w.sum() for w in weights], num_repeats)
+    read_ms = median_ms(lambda: [w.sum() for w in weights], num_repeats)
     return {"copy_gb_s": round(2 * src.numel() * 4 / copy_ms / 1e6, 1),
             "weight_read_gb_s": round(weight_bytes / read_ms / 1e6, 1), "weight_bytes": weight_bytes}
 
@@ -116,7 +103,7 @@ def decode_breakdown(model: torch.nn.Module, plan: GemmPlan, batch: int, context
         r.forward([SeqChunk(s, pos[0], [5], 1) for s in slots])
         pos[0] += 1
 
-    step_ms = _median_ms(step, num_steps)
+    step_ms = median_ms(step, num_steps)
     vocab = r.lm_head.weight.shape[0]
     with torch.profiler.profile(record_shapes=True) as prof:
         for _ in range(3):
@@ -133,7 +120,7 @@ def decode_breakdown(model: torch.nn.Module, plan: GemmPlan, batch: int, context
     prof_step_ms = op_total / 1e3
     components = {k: round(v / 1e3, 2) for k, v in sorted(totals.items())}
     # the profiler's own overhead inflates op times a little: report shares of the profiled step
-    wall_ms = _median_ms(step, 3, num_warmup=0)
+    wall_ms = median_ms(step, 3, num_warmup=0)
     components["python_and_dispatch"] = round(max(0.0, wall_ms - prof_step_ms), 2)
     return {"step_ms": round(step_ms, 2), "tok_s": round(batch / step_ms * 1e3, 1), "components_ms": components}
 

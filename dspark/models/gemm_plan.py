@@ -71,6 +71,11 @@ class GemmPlan:
         return "wx" if kernel == "mv" and rows > 1 else kernel
 
     @property
+    def has_variant_rows(self) -> bool:
+        """True where no candidate kernel was row-invariant at some row count (bf16 on some CPUs)."""
+        return bool(self.meta.get("row_invariant_fallback"))
+
+    @property
     def uses_packed(self) -> bool:
         return "packed" in self.layer_kernels.values() or "packed" in self.head_kernels.values()
 
@@ -136,8 +141,10 @@ def _wx(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return out[:rows] if pad else out
 
 
-def _median_ms(fn: Callable[[], object], num_repeats: int) -> float:
-    fn()  # warm-up
+def median_ms(fn: Callable[[], object], num_repeats: int, num_warmup: int = 1) -> float:
+    """Median wall time of `fn` in ms over num_repeats calls, after num_warmup."""
+    for _ in range(num_warmup):
+        fn()
     samples = []
     for _ in range(num_repeats):
         t0 = time.perf_counter()
@@ -155,7 +162,7 @@ def _time_kernel(linears: list[PlannedLinear], rows: int, kernel: str, num_repea
         for lin in linears:
             _ = residual[lin.weight.shape[0]] + lin(inputs[lin.weight.shape[1]], kernel)
 
-    return _median_ms(run, num_repeats)
+    return median_ms(run, num_repeats)
 
 
 def _is_row_invariant(linears: list[PlannedLinear], rows: int, kernel: str) -> bool:
@@ -192,6 +199,7 @@ def measure_plan(layers: list[PlannedLinear], head: PlannedLinear, num_repeats: 
     timings: dict[str, dict[int, dict[str, float]]] = {"layers": {}, "head": {}}
     choice: dict[str, dict[int, str]] = {"layers": {}, "head": {}}
     rejected: dict[str, dict[int, list[str]]] = {"layers": {}, "head": {}}
+    fallback: list[str] = []
     with torch.inference_mode():
         for group, linears in (("layers", layers), ("head", [head])):
             for rows in ROW_BUCKETS:
@@ -199,14 +207,18 @@ def measure_plan(layers: list[PlannedLinear], head: PlannedLinear, num_repeats: 
                 if is_low_precision:
                     variant = [k for k in kernels if not _is_row_invariant(linears, rows, k)]
                     rejected[group][rows] = variant
-                    kernels = [k for k in kernels if k not in variant] or ["linear"]
+                    kernels = [k for k in kernels if k not in variant]
+                    if not kernels:  # none is: rows may then change with the batch in this dtype
+                        fallback.append(f"{group}@{rows}")
+                        kernels = ["linear"]
                 times = {k: _time_kernel(linears, rows, k, num_repeats) for k in kernels}
                 timings[group][rows] = {k: round(v, 3) for k, v in times.items()}
                 choice[group][rows] = min(times, key=times.__getitem__)
     if "packed" not in set(choice["layers"].values()) | set(choice["head"].values()):
         for lin in layers + [head]:
             lin.packed = None  # not chosen anywhere: do not keep a second copy of every weight
-    return GemmPlan(choice["layers"], choice["head"], {"timings_ms": timings, "row_variant": rejected})
+    return GemmPlan(choice["layers"], choice["head"], {"timings_ms": timings, "row_variant": rejected,
+                                                       "row_invariant_fallback": fallback})
 
 
 def plan_key(layers: list[PlannedLinear], head: PlannedLinear, row_invariant: bool) -> str:
