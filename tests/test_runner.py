@@ -77,7 +77,7 @@ def test_every_gemm_kernel_computes_the_same_linear_at_every_row_count() -> None
     lin.pack()  # oneDNN where this build has it; "packed" falls back to F.linear otherwise
     for rows in (1, 7, 8, 9, 15, 16, 17, 31, 33):  # wx pads past 8 rows up to the next multiple of 8
         x = torch.randn(rows, 24, generator=gen)
-        for kernel in KERNELS:
+        for kernel in (*KERNELS, "rowwise"):
             out = lin(x, kernel)
             assert out.shape == (rows, 40), kernel
             torch.testing.assert_close(out, torch.nn.functional.linear(x, weight, bias), atol=1e-5, rtol=1e-5)

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
 
-KERNELS = ("linear", "wx", "packed", "mv")
+KERNELS = ("linear", "wx", "packed", "mv")  # timed candidates; "rowwise" is the row-invariant fallback
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
@@ -71,11 +71,6 @@ class GemmPlan:
         return "wx" if kernel == "mv" and rows > 1 else kernel
 
     @property
-    def has_variant_rows(self) -> bool:
-        """True where no candidate kernel was row-invariant at some row count (bf16 on some CPUs)."""
-        return bool(self.meta.get("row_invariant_fallback"))
-
-    @property
     def uses_packed(self) -> bool:
         return "packed" in self.layer_kernels.values() or "packed" in self.head_kernels.values()
 
@@ -112,6 +107,8 @@ class PlannedLinear:
         """x (T, in) -> (T, out); "wx" returns a transposed view, which the following ops accept."""
         if kernel == "packed" and self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
+        if kernel == "rowwise":  # each row exactly as alone: the row-invariant fallback
+            return torch.cat([F.linear(x[i:i + 1], self.weight, self.bias) for i in range(x.shape[0])])
         if kernel == "mv" and x.shape[0] == 1:
             out = torch.mv(self.weight, x[0])[None]
         elif kernel == "wx":
@@ -208,9 +205,9 @@ def measure_plan(layers: list[PlannedLinear], head: PlannedLinear, num_repeats: 
                     variant = [k for k in kernels if not _is_row_invariant(linears, rows, k)]
                     rejected[group][rows] = variant
                     kernels = [k for k in kernels if k not in variant]
-                    if not kernels:  # none is: rows may then change with the batch in this dtype
+                    if not kernels:  # none is: one row at a time, the reference itself (slow, exact)
                         fallback.append(f"{group}@{rows}")
-                        kernels = ["linear"]
+                        kernels = ["rowwise"]
                 times = {k: _time_kernel(linears, rows, k, num_repeats) for k in kernels}
                 timings[group][rows] = {k: round(v, 3) for k, v in times.items()}
                 choice[group][rows] = min(times, key=times.__getitem__)
