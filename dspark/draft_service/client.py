@@ -6,10 +6,15 @@ micro-batch while the draft worker drafts the other. Between messages it buffers
 has not seen yet: new tokens per request, target features from `observe`, released request ids. While
 the engine is not drafting, `push` ships that backlog one way (over an ordered channel), so a round
 after many undrafted steps does not carry all their features on its critical path.
+
+A dead or broken draft worker (a failed send or receive: gloo reports a killed peer at once) costs
+speed, never requests: the drafter marks itself broken, drops its buffers and from then on proposes
+nothing, so the engine takes plain target steps — lossless by construction — until it is re-paired.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -19,6 +24,8 @@ import torch
 
 from dspark.actors.transport import Channel
 from dspark.models.drafter import DraftOutput, DraftRequest
+
+log = logging.getLogger(__name__)
 
 KEEPALIVE_S = 20.0  # well inside the pair's receive timeout (GlooChannel's 120 s)
 
@@ -76,10 +83,27 @@ class RemoteDrafter:
         self.push_ms: deque[float] = deque(maxlen=max_num_spans)  # local cost of each one-way push
         self._last_send_s = time.monotonic()
         self.total_transport_ms = 0.0  # every round's transport_ms and every push, since the start
+        self.error: str | None = None  # why the channel broke; None while it works
+
+    @property
+    def is_broken(self) -> bool:
+        return self.error is not None
+
+    def _fail(self, exc: BaseException) -> None:
+        """The peer is gone (or the channel broke): stop using it; the engine goes on target-only."""
+        if self.error is None:
+            log.warning("draft channel broke (%r): serving target-only until re-paired", exc)
+            self.error = repr(exc)
+        self._state.clear()
+        self._released.clear()
+        try:
+            self.channel.close()
+        except Exception:  # noqa: BLE001 - already broken
+            pass
 
     # ---- FeatureDrafter -------------------------------------------------------------------------
     def observe(self, request_id: str, features: torch.Tensor) -> None:
-        if features.shape[0]:
+        if features.shape[0] and not self.is_broken:
             self._state.setdefault(request_id, _Buffered()).features.append(features)
 
     def release(self, request_id: str) -> None:
@@ -94,9 +118,12 @@ class RemoteDrafter:
     def submit(self, requests: list[DraftRequest], max_num_tokens: int) -> None:
         """Send one draft round; its reply is read by the matching `collect` (FIFO)."""
         t0 = time.perf_counter()
-        message = self._message("draft", requests, max_num_tokens)
         send_s = time.time()
-        self.channel.send(message)
+        if not self.is_broken:
+            try:
+                self.channel.send(self._message("draft", requests, max_num_tokens))
+            except Exception as exc:  # noqa: BLE001 - a dead peer: its round comes back empty
+                self._fail(exc)
         span = TransportSpan(self._seq, len(requests), send_s, (time.perf_counter() - t0) * 1e3)
         self._in_flight.append((self._seq, [r.request_id for r in requests], span))
         self._seq += 1
@@ -114,8 +141,14 @@ class RemoteDrafter:
         reply. Only over an ordered channel, where it cannot overtake or be overtaken by a round."""
         if not self.can_push:
             raise RuntimeError(f"{type(self.channel).__name__} does not keep message order: no one-way push")
+        if self.is_broken:
+            return
         t0 = time.perf_counter()
-        self.channel.send(self._message("observe", requests, 0))
+        try:
+            self.channel.send(self._message("observe", requests, 0))
+        except Exception as exc:  # noqa: BLE001
+            self._fail(exc)
+            return
         self.push_ms.append((time.perf_counter() - t0) * 1e3)
         self.total_transport_ms += self.push_ms[-1]
         self._seq += 1
@@ -125,7 +158,7 @@ class RemoteDrafter:
         worker blocks in a receive that times out (the pair's gloo timeout) when its verify worker is
         idle, or is not drafting, for longer. True when one was sent."""
         silence = self.keepalive_s if max_silence_s is None else max_silence_s
-        if not self.can_push or time.monotonic() - self._last_send_s < silence:
+        if self.is_broken or not self.can_push or time.monotonic() - self._last_send_s < silence:
             return False
         self.push([])
         return True
@@ -155,9 +188,15 @@ class RemoteDrafter:
 
     def collect(self) -> DraftOutput:
         """The reply to the oldest `submit`, aligned with the requests it was sent for."""
-        seq, _, span = self._in_flight.popleft()
+        seq, ids, span = self._in_flight.popleft()
+        if self.is_broken:
+            return DraftOutput(tokens=[[] for _ in ids])  # nothing to verify: plain target steps
         span.collect_start_s = time.time()
-        reply = self.channel.recv()
+        try:
+            reply = self.channel.recv()
+        except Exception as exc:  # noqa: BLE001 - a dead peer
+            self._fail(exc)
+            return DraftOutput(tokens=[[] for _ in ids])
         span.collect_end_s = time.time()
         if reply["seq"] != seq:
             raise RuntimeError(f"draft reply {reply['seq']} arrived while waiting for {seq}")

@@ -151,6 +151,8 @@ class VerifyWorker:
             out["draft_wait_ms_mean"] = sum(s.exposed_ms for s in spans) / len(spans)
             out["draft_timeline"] = [{"seq": s.seq, "start_s": s.draft_start_s, "end_s": s.draft_end_s,
                                       "num_requests": s.num_requests} for s in spans]
+        if isinstance(drafter, RemoteDrafter):
+            out["draft_channel_error"] = drafter.error  # None while the pair works
         if isinstance(drafter, RemoteDrafter) and drafter.push_ms:
             pushes = list(drafter.push_ms)
             out["num_pushes"], out["push_ms_mean"] = len(pushes), sum(pushes) / len(pushes)
