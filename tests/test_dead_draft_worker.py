@@ -24,8 +24,8 @@ def _serve_ngram(port: int) -> None:  # the draft worker: its own process, as in
     serve_channel(GlooChannel("127.0.0.1", port, 1, timeout_s=30), DraftService(NgramDrafter()))
 
 
-def test_a_killed_draft_worker_fails_no_request_and_output_stays_lossless(  # noqa: F811 - fixtures by name
-        tiny_target, prompts, target_only) -> None:
+def test_a_killed_draft_worker_fails_no_request_and_output_stays_lossless(
+        tiny_target, prompts, target_only) -> None:  # noqa: F811 - the imported fixtures, by name
     port = free_port()
     proc = mp.get_context("spawn").Process(target=_serve_ngram, args=(port,), daemon=True)
     proc.start()
