@@ -13,6 +13,8 @@ import typer
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="DSpark speculative decoding.")
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (print JSON as the last line).")
 app.add_typer(bench_app, name="bench")
+autoscale_app = typer.Typer(no_args_is_help=True, help="The pools' autoscaling policy.")
+app.add_typer(autoscale_app, name="autoscale")
 
 TARGET = typer.Option("smollm2-135m-instruct", help="HF causal-LM folder or the embedded default.")
 DEVICE = typer.Option("cpu", help="cpu or cuda[:N].")
@@ -419,6 +421,44 @@ def bench_transport_cmd(
     finally:
         ray.shutdown()
     _emit(res, out)
+
+
+@autoscale_app.command("simulate")
+def autoscale_simulate_cmd(
+    traces: str = typer.Option("rising,bursty,falling", help="Comma-separated traces (dspark.autoscale.simulate)."),
+    sps_profile: Path = typer.Option(
+        Path("configs/profiles/cpu-amx-intel-r-xeon-r-processor-smollm2-135m-instruct-bfloat16.json"),
+        help="SPS profile whose step times the simulated verify replicas run at."),
+    ttft_sla_s: float = typer.Option(1.0, help="TTFT p50 SLA."),
+    tpot_sla_s: float = typer.Option(0.05, help="Time-per-output-token p50 SLA."),
+    max_replicas: int = typer.Option(4, min=1, help="Per pool."),
+    downscale_delay_s: float = typer.Option(60.0, min=0),
+    stale: str = typer.Option("", help="FROM-TO seconds with no metrics (e.g. 250-280), to see the hold."),
+    plot: Path | None = typer.Option(None, help="PNG: load, replicas per pool and TTFT vs SLA per trace."),
+    out: Path | None = typer.Option(None),
+) -> None:
+    """Replay traffic traces through the real autoscaling policy, without a cluster; JSON last."""
+    from dspark.autoscale.policy import SLA, PolicyConfig, PoolLimits, knee_of
+    from dspark.autoscale.simulate import TRACES, SimConfig, simulate
+    from dspark.bench.plots import plot_autoscale
+    from dspark.spec.sps import SPSTable
+
+    names = [t for t in traces.split(",") if t]
+    unknown = [t for t in names if t not in TRACES]
+    if unknown or not sps_profile.exists():
+        typer.echo(f"error: unknown traces {unknown} (known: {list(TRACES)})" if unknown
+                   else f"error: {sps_profile} not found", err=True)
+        raise typer.Exit(2)
+    sps = SPSTable.from_file(sps_profile).monotone()
+    cfg = PolicyConfig(sla=SLA(ttft_p50_s=ttft_sla_s, tpot_p50_s=tpot_sla_s), knee_tokens=knee_of(sps),
+                       verify=PoolLimits(1, max_replicas), draft=PoolLimits(1, max_replicas),
+                       downscale_delay_s=downscale_delay_s)
+    windows = [tuple(float(x) for x in stale.split("-"))] if stale else []
+    results = {n: simulate(TRACES[n], sps, cfg, SimConfig(stale_windows=windows)) for n in names}  # type: ignore[arg-type]
+    summary = {n: {k: v for k, v in r.items() if k != "timeline"} for n, r in results.items()}
+    if plot:
+        summary["plot"] = str(plot_autoscale(results, ttft_sla_s, plot))
+    _emit({"knee_tokens": cfg.knee_tokens, "traces": summary}, out)
 
 
 def _emit(res: dict, out: Path | None, echo: bool = True) -> None:

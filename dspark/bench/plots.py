@@ -265,3 +265,37 @@ def plot_roofline(res: dict, path: Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def plot_autoscale(results: dict[str, dict], sla_ttft_s: float, path: Path) -> Path:
+    """Per trace: load and queue, replicas of each pool, TTFT p50 against the SLA (violations shaded)."""
+    fig, axes = plt.subplots(3, len(results), figsize=(4.2 * len(results), 7.5), sharex="col", squeeze=False)
+    for col, (name, res) in enumerate(results.items()):
+        tl = res["timeline"]
+        t = [p["t_s"] for p in tl]
+        ax = axes[0][col]
+        ax.plot(t, [p["rate"] for p in tl], color="tab:gray", label="arrivals/s")
+        ax.plot(t, [p["queue"] for p in tl], color="tab:red", label="queued")
+        ax.set_title(f"{name}: {res['verify_replica_minutes']} / {res['draft_replica_minutes']} replica-min, "
+                     f"SLA {100 * res['sla_violation_fraction']:.0f} %", fontsize=8)
+        ax.legend(fontsize=7)
+        ax = axes[1][col]
+        ax.step(t, [p["verify_replicas"] for p in tl], where="post", label="verify running")
+        ax.step(t, [p["verify_replicas"] + p["verify_pending"] for p in tl], where="post", ls=":",
+                label="verify asked")
+        ax.step(t, [p["draft_replicas"] for p in tl], where="post", label="draft running")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.legend(fontsize=7)
+        ax = axes[2][col]
+        ax.plot(t, [p["ttft_p50_s"] for p in tl], label="TTFT p50 (s)")
+        ax.axhline(sla_ttft_s, color="tab:red", ls="--", lw=0.8, label="SLA")
+        for p in tl:
+            if p["sla_violated"]:
+                ax.axvspan(p["t_s"] - 1, p["t_s"], color="tab:red", alpha=0.08, lw=0)
+        ax.set_xlabel("time (s)")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
