@@ -15,6 +15,8 @@ bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks (print JSON as th
 app.add_typer(bench_app, name="bench")
 autoscale_app = typer.Typer(no_args_is_help=True, help="The pools' autoscaling policy.")
 app.add_typer(autoscale_app, name="autoscale")
+ab_app = typer.Typer(no_args_is_help=True, help="A/B tests between serving arms.")
+app.add_typer(ab_app, name="ab")
 
 TARGET = typer.Option("smollm2-135m-instruct", help="HF causal-LM folder or the embedded default.")
 DEVICE = typer.Option("cpu", help="cpu or cuda[:N].")
@@ -459,6 +461,26 @@ def autoscale_simulate_cmd(
     if plot:
         summary["plot"] = str(plot_autoscale(results, ttft_sla_s, plot))
     _emit({"knee_tokens": cfg.knee_tokens, "traces": summary}, out)
+
+
+@ab_app.command("report")
+def ab_report_cmd(
+    log: Path = typer.Option(..., help="The ingress's request log (serve config `request_log`), JSONL."),
+    alpha: float = typer.Option(0.05, min=0.001, max=0.5, help="Two-sided significance level of the intervals."),
+    min_effect: float = typer.Option(0.05, min=0.0, help="Smallest relative TPS/user difference worth seeing."),
+    num_resamples: int = typer.Option(1000, min=100, help="Bootstrap resamples."),
+    out: Path | None = typer.Option(None),
+) -> None:
+    """Per-arm TPS/user, TTFT p50/p99, throughput, τ, verification length, error rate, with bootstrap
+    intervals of each difference against the first arm; which arm wins; whether the sample suffices."""
+    from dspark.bench.ab_report import ab_report, load_log
+
+    try:
+        res = ab_report(load_log(log), alpha=alpha, num_resamples=num_resamples, min_effect=min_effect)
+    except (OSError, ValueError, KeyError) as exc:
+        typer.echo(f"error: {exc!r}", err=True)
+        raise typer.Exit(2) from exc
+    _emit(res, out)
 
 
 def _emit(res: dict, out: Path | None, echo: bool = True) -> None:

@@ -11,11 +11,13 @@ and the workers are plain actors, not Serve replicas, so their per-step channels
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
 from ray import serve
 
+from dspark.cluster.ab import Arm
 from dspark.cluster.access import KeyRing
 from dspark.cluster.admission import Admission
 from dspark.cluster.config import ServeAppConfig
@@ -42,27 +44,36 @@ class SpecDecodeServer:
 
     def __init__(self, config: ServeAppConfig) -> None:
         self.config = config
-        self.engine: GenerateEngine = make_async_engine(config)
+        # one engine (or set of pools) per A/B arm; a single unnamed arm without `ab_arms`
+        self.arm_engines: dict[str, GenerateEngine] = {
+            arm.name: make_async_engine(config.arm_config(arm)) for arm in config.ab_arms}
+        self.engine: GenerateEngine = (next(iter(self.arm_engines.values())) if self.arm_engines
+                                       else make_async_engine(config))
         log.info("dspark replica ready: model=%s mode=%s drafter=%s scheduler=%s", config.model_name,
                  config.mode, config.drafter, config.scheduler)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         # Serve calls this after __init__, so the routes can close over this replica's engine
         cfg = self.config
+        arms = [Arm(a.name, a.weight) for a in cfg.ab_arms] or None
         return build_fastapi(lambda: self.engine, cfg.model_name or cfg.target,
                              keys=KeyRing.from_config(cfg.api_key_sha256, cfg.admin_api_key_sha256),
                              admission=Admission(cfg.capacity, cfg.max_queued_requests),
-                             max_body_bytes=cfg.max_body_bytes)
+                             max_body_bytes=cfg.max_body_bytes, arms=arms,
+                             arm_engines={name: (lambda e=e: e) for name, e in self.arm_engines.items()} or None,
+                             request_log=Path(cfg.request_log) if cfg.request_log else None)
 
     def check_health(self) -> None:
         # Serve restarts a replica whose engine loop died instead of routing traffic to it
-        if not self.engine.is_alive:
+        if not all(e.is_alive for e in [self.engine, *self.arm_engines.values()]):
             raise RuntimeError("engine loop is not running")
 
     def __del__(self) -> None:
-        shutdown = getattr(getattr(self, "engine", None), "shutdown", None)
-        if shutdown is not None:
-            shutdown()
+        engines = {id(e): e for e in [getattr(self, "engine", None), *getattr(self, "arm_engines", {}).values()]}
+        for engine in engines.values():
+            shutdown = getattr(engine, "shutdown", None)
+            if shutdown is not None:
+                shutdown()
 
 
 def build_app(args: dict[str, Any]) -> serve.Application:

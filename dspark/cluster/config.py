@@ -46,6 +46,17 @@ class WorkerResources(BaseModel):
 SERVER_STEP_STATS = 4096  # per-step records a serving engine keeps (timelines, load reports)
 
 
+class ABArm(BaseModel):
+    """One arm of an A/B test: a name, a traffic weight, and what it changes of the base config."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$", description="Arm name (response header x-dspark-arm).")
+    weight: float = Field(..., ge=0, description="Share of users (relative to the other arms' weights).")
+    overrides: dict[str, Any] = Field(default_factory=dict,
+                                      description="ServeAppConfig fields this arm sets, e.g. {drafter: mtp1}.")
+
+
 class ServeAppConfig(BaseModel):
     """The `args:` of the dspark application in serve.yaml."""
 
@@ -107,6 +118,10 @@ class ServeAppConfig(BaseModel):
         32, ge=0, description="Requests an ingress replica lets wait beyond what its engines batch "
                               "(max_num_seqs per verify worker); past it: 429 with Retry-After, before any work.")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="Largest request body; larger: 413.")
+    ab_arms: list[ABArm] = Field(default_factory=list, description="A/B arms, each with its own engine or "
+                                 "pools; users are assigned stickily by weight (see cluster/ab.py). Empty: one arm.")
+    request_log: str | None = Field(None, description="JSONL file each ingress replica appends one record per "
+                                    "finished request to (for `dspark ab report`); null: none.")
 
     @field_validator("api_key_sha256", "admin_api_key_sha256")
     @classmethod
@@ -118,9 +133,18 @@ class ServeAppConfig(BaseModel):
                              ".hexdigest())\" KEY")
         return [d.lower() for d in digests]
 
+    def arm_config(self, arm: ABArm) -> ServeAppConfig:
+        """The full config of one arm: this one with the arm's overrides, its pools named apart."""
+        base = self.model_dump(exclude={"ab_arms"})
+        base.update({"max_ongoing_requests": None, **arm.overrides,
+                     "cluster_name": f"{self.cluster_name}-{arm.name}"})
+        return ServeAppConfig.model_validate(base)
+
     @property
     def capacity(self) -> int:
-        """Requests the engines behind one ingress replica batch at once."""
+        """Requests the engines behind one ingress replica batch at once (all arms together)."""
+        if self.ab_arms:
+            return sum(self.arm_config(a).capacity for a in self.ab_arms)
         workers = 1 if self.mode == "inline" else self.num_verify_workers
         return max(1, self.max_num_seqs * workers // (1 if self.mode == "inline" else self.num_replicas))
 
@@ -139,6 +163,14 @@ class ServeAppConfig(BaseModel):
             raise ValueError("decoupled mode needs a drafter (drafter: none has nothing to decouple)")
         if self.model_name is None:
             self.model_name = self.target
+        if self.ab_arms:
+            names = [a.name for a in self.ab_arms]
+            if len(set(names)) != len(names) or sum(a.weight for a in self.ab_arms) <= 0:
+                raise ValueError(f"ab_arms need unique names and a positive total weight, got {names}")
+            for arm in self.ab_arms:
+                if "ab_arms" in arm.overrides or "cluster_name" in arm.overrides:
+                    raise ValueError(f"arm {arm.name!r} may not override ab_arms or cluster_name")
+                self.arm_config(arm)  # each arm's config is valid on its own, or this one is not
         if self.max_ongoing_requests is None:
             # room past the admission limit, so an overloaded replica answers 429 at once instead of
             # Serve's proxy queueing the excess where no one refuses it

@@ -18,14 +18,16 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import jinja2
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from dspark.cluster.ab import ARM_HEADER, OVERRIDE_HEADER, SESSION_HEADER, Arm, chosen_arm
 from dspark.cluster.access import KeyRing
 from dspark.cluster.admission import Admission
 from dspark.cluster.api_models import (
@@ -120,6 +122,7 @@ class GuardMiddleware:
             await _send_error(send_with_id, 401, "missing or invalid API key (Authorization: Bearer <key>)",
                               "authentication_error", {"WWW-Authenticate": "Bearer"})
             return
+        scope["state"]["access"] = access
         if scope.get("path", "") in ADMIN_PATHS and access != "admin":
             await _send_error(send_with_id, 403, "this route needs an admin API key", "permission_error")
             return
@@ -369,8 +372,14 @@ def _encode_prompt(tokenizer: Any, body: CompletionRequest) -> list[int]:
 
 
 def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str, keys: KeyRing | None = None,
-                  admission: Admission | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
-    """The OpenAI-compatible app serving `model_name` from the engine `get_engine()` returns."""
+                  admission: Admission | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                  arm_engines: dict[str, Callable[[], GenerateEngine]] | None = None,
+                  arms: list[Arm] | None = None, request_log: Path | None = None) -> FastAPI:
+    """The OpenAI-compatible app serving `model_name` from the engine `get_engine()` returns.
+
+    With `arms` (A/B): each request goes to `arm_engines[arm]()` for the arm `ab.chosen_arm` picks, the
+    response names it in `x-dspark-arm`, and `request_log` (JSONL) gets one record per finished request
+    for `dspark ab report`."""
     app = FastAPI(title="dspark", description="OpenAI-compatible speculative decoding server")
     install_error_handlers(app)
     app.add_middleware(GuardMiddleware, keys=keys or KeyRing(), max_body_bytes=max_body_bytes)
@@ -381,17 +390,32 @@ def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str, key
             raise ApiError(404, f"model {body_model!r} is not served here; use {model_name!r}",
                            param="model", code="model_not_found")
 
-    async def begin(body: Any, encode: Any) -> tuple[list[int], TextStream, Any, RequestOutput]:
-        """Admit, validate the model name, encode, submit, and wait for the first output (errors → 4xx).
+    arm_list = arms or [Arm("default", 1.0)]
+    log_file = open(request_log, "a", buffering=1) if request_log is not None else None  # noqa: SIM115
 
-        The admission ticket is held by the returned generator: closing it (end, error, client gone)
-        gives it back."""
+    def pick_arm(body: Any, request: Request) -> str:
+        state = request.scope.get("state", {})
+        user = (body.model_extra or {}).get("user")
+        try:
+            return chosen_arm(arm_list, str(user) if user else None, request.headers.get(SESSION_HEADER),
+                              _request_id(request), request.headers.get(OVERRIDE_HEADER),
+                              state.get("access") == "admin")
+        except ValueError as exc:
+            raise ApiError(400, str(exc), param=OVERRIDE_HEADER) from exc
+
+    async def begin(body: Any, encode: Any, request: Request) -> tuple[list[int], TextStream, Any, RequestOutput,
+                                                                         _RequestRecord]:
+        """Admit, pick the arm, validate the model name, encode, submit, and wait for the first output
+        (errors → 4xx). The admission ticket is held by the returned generator: closing it (end, error,
+        client gone) gives it back."""
         check_model(body.model)
+        arm = pick_arm(body, request)
         if admission is not None and not admission.try_enter():
             raise ApiError(429, "the server is at capacity; retry later", type_="rate_limit_error",
                            code="overloaded", headers={"Retry-After": str(admission.retry_after_s())})
+        record = _RequestRecord(arm, _request_id(request), time.time(), time.perf_counter(), log_file)
         try:
-            engine = get_engine()
+            engine = arm_engines[arm]() if arm_engines else get_engine()
             prompt_ids = encode(engine.tokenizer, body)
             stream = TextStream(engine.tokenizer, body.stop_list())
             gen, first = await _start(engine, prompt_ids, body.sampling_params())
@@ -399,11 +423,13 @@ def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str, key
             if admission is not None:
                 admission.leave()
             raise
-        return prompt_ids, stream, _released(gen, admission), first
+        record.first_s = time.perf_counter()
+        return prompt_ids, stream, _released(gen, admission), first, record
 
     @app.get("/health")
     async def health() -> dict[str, str]:
-        if not get_engine().is_alive:
+        engines = [f() for f in arm_engines.values()] if arm_engines else [get_engine()]
+        if not all(e.is_alive for e in engines):
             raise ApiError(503, "engine loop is not running", code="engine_dead")
         return {"status": "ok"}
 
@@ -419,8 +445,10 @@ def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str, key
         return ModelList(data=[ModelCard(id=model_name, created=started)])
 
     @app.post("/v1/completions", response_model=None)
-    async def completions(body: CompletionRequest) -> CompletionResponse | StreamingResponse:
-        prompt_ids, stream, gen, first = await begin(body, _encode_prompt)
+    async def completions(body: CompletionRequest, request: Request,
+                          response: Response) -> CompletionResponse | StreamingResponse:
+        prompt_ids, stream, gen, first, record = await begin(body, _encode_prompt, request)
+        response.headers[ARM_HEADER] = record.arm
         rid, created = new_id("cmpl"), int(time.time())
 
         wants_logprobs = body.logprobs is not None
@@ -441,11 +469,13 @@ def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str, key
                 choices=[CompletionChoice(text=text, logprobs=lp, finish_reason=stream.finish_reason)],
                 usage=stream.usage(len(prompt_ids)), dspark=stream.spec_stats())
 
-        return await _respond(body.stream, first, gen, stream, chunk, full)
+        return await _respond(body.stream, first, gen, stream, chunk, full, record)
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(body: ChatCompletionRequest) -> ChatCompletionResponse | StreamingResponse:
-        prompt_ids, stream, gen, first = await begin(body, _encode_chat)
+    async def chat_completions(body: ChatCompletionRequest, request: Request,
+                               response: Response) -> ChatCompletionResponse | StreamingResponse:
+        prompt_ids, stream, gen, first, record = await begin(body, _encode_chat, request)
+        response.headers[ARM_HEADER] = record.arm
         rid, created = new_id("chatcmpl"), int(time.time())
         is_first = [True]
 
@@ -469,33 +499,60 @@ def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str, key
                 choices=[ChatChoice(message=message, logprobs=lp, finish_reason=stream.finish_reason)],
                 usage=stream.usage(len(prompt_ids)), dspark=stream.spec_stats())
 
-        return await _respond(body.stream, first, gen, stream, chunk, full)
+        return await _respond(body.stream, first, gen, stream, chunk, full, record)
 
     return app
 
 
 async def _respond(is_stream: bool, first: RequestOutput, gen: AsyncIterator[RequestOutput], stream: TextStream,
-                   chunk: Callable[[str, bool], str], full: Callable[[], Any]) -> Any:
+                   chunk: Callable[[str, bool], str], full: Callable[[], Any], record: _RequestRecord) -> Any:
     """SSE of `chunk`s when streaming; otherwise run the request to the end and build `full()`."""
     if is_stream:
-        return StreamingResponse(_sse(first, gen, stream, chunk), media_type="text/event-stream",
-                                 headers=SSE_HEADERS)
-    await _drain(first, gen, stream)
+        return StreamingResponse(_sse(first, gen, stream, chunk, record), media_type="text/event-stream",
+                                 headers={**SSE_HEADERS, ARM_HEADER: record.arm})
+    await _drain(first, gen, stream, record)
     return full()
 
 
-async def _drain(first: RequestOutput, gen: AsyncIterator[RequestOutput], stream: TextStream) -> None:
+@dataclass
+class _RequestRecord:
+    """One finished request, as `dspark ab report` reads it from the request log."""
+
+    arm: str
+    request_id: str
+    start_wall_s: float
+    start_s: float
+    log_file: Any
+    first_s: float = 0.0
+
+    def write(self, stream: TextStream, is_error: bool) -> None:
+        if self.log_file is None:
+            return
+        now = time.perf_counter()
+        self.log_file.write(json.dumps({
+            "arm": self.arm, "request_id": self.request_id, "start_s": self.start_wall_s,
+            "ttft_s": self.first_s - self.start_s, "e2e_s": now - self.start_s,
+            "num_output_tokens": len(stream.token_ids), "num_steps": stream.num_steps,
+            "num_verified": stream.num_verified, "num_accepted": stream.num_accepted, "is_error": is_error}) + "\n")
+
+
+async def _drain(first: RequestOutput, gen: AsyncIterator[RequestOutput], stream: TextStream,
+                 record: _RequestRecord) -> None:
     # aclose in finally: a client that hangs up cancels us here, and closing the engine's
     # generator is what aborts the request and frees its cache slot
+    is_error = True
     try:
         async for out in _outputs(first, gen):
             stream.add(out)
+        is_error = False
     finally:
         await gen.aclose()
+        record.write(stream, is_error)
 
 
 async def _sse(first: RequestOutput, gen: AsyncIterator[RequestOutput], stream: TextStream,
-               chunk: Callable[[str, bool], str]) -> AsyncIterator[str]:
+               chunk: Callable[[str, bool], str], record: _RequestRecord) -> AsyncIterator[str]:
+    is_error = True
     try:
         async for out in _outputs(first, gen):
             stream.add(out)
@@ -508,6 +565,9 @@ async def _sse(first: RequestOutput, gen: AsyncIterator[RequestOutput], stream: 
         log.warning("stream failed: %s", exc)
         info = ErrorInfo(message="the engine became unavailable; retry later", type="service_unavailable_error")
         yield f"data: {ErrorResponse(error=info).model_dump_json()}\n\n"
+    else:
+        is_error = False
     finally:
         await gen.aclose()
+        record.write(stream, is_error)
     yield "data: [DONE]\n\n"
