@@ -30,7 +30,7 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving(args: dict, health_timeout_s: float = 60) -> Iterator[httpx.Client]:
+def serving(args: dict, health_timeout_s: float = 60, headers: dict | None = None) -> Iterator[httpx.Client]:
     """A local Ray cluster with the dspark app built from `args`, and an HTTP client on it."""
     port = _free_port()
     # a 2-core machine running other work can starve the proxy for a while: be patient with it
@@ -41,7 +41,8 @@ def serving(args: dict, health_timeout_s: float = 60) -> Iterator[httpx.Client]:
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(build_app(args), name="dspark", route_prefix="/")
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=max(60, health_timeout_s)) as client:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=max(60, health_timeout_s),
+                          headers=headers) as client:
             _wait_healthy(client, health_timeout_s)
             yield client
     finally:
