@@ -45,7 +45,7 @@ def _run(engine: Engine, prompts: list[list[int]], max_tokens: int) -> dict:
     params = [SamplingParams(max_tokens=max_tokens, temperature=0.7, top_p=0.9, seed=i, ignore_eos=True)
               for i in range(len(prompts))]
     t0 = time.perf_counter()
-    reqs = engine.generate(prompts, params)
+    reqs = engine.generate_bulk(prompts, params)
     wall = time.perf_counter() - t0
     tokens = sum(len(r.output_ids) for r in reqs)
     return {"num_prompts": len(prompts), "new_tokens": tokens, "wall_s": round(wall, 2),

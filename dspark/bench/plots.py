@@ -260,11 +260,7 @@ def plot_roofline(res: dict, path: Path) -> Path:
     ax.set_title(f"{cpu.get('model', '')} [{' '.join(cpu.get('flags', []))}]", fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path, dpi=120)
 
 
 def plot_autoscale(results: dict[str, dict], sla_ttft_s: float, path: Path) -> Path:
@@ -294,8 +290,12 @@ def plot_autoscale(results: dict[str, dict], sla_ttft_s: float, path: Path) -> P
                 ax.axvspan(p["t_s"] - 1, p["t_s"], color="tab:red", alpha=0.08, lw=0)
         ax.set_xlabel("time (s)")
         ax.legend(fontsize=7)
+    return _save(fig, path, dpi=110)
+
+
+def _save(fig: plt.Figure, path: Path, dpi: int) -> Path:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path

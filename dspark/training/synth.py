@@ -64,7 +64,7 @@ def synthesize_shard(engine: Engine, seeds: list[PromptSeed], cfg: SynthConfig, 
                              seed=shard_seed * 100_003 + i) for i in range(len(magpie))]
     texts: list[tuple[str, str]] = [(s.domain, s.text) for s in seeds if s.text is not None]
     if magpie:
-        for s, req in zip(magpie, engine.generate([s.magpie_ids for s in magpie], params, progress=progress)):
+        for s, req in zip(magpie, engine.generate_bulk([s.magpie_ids for s in magpie], params, progress=progress)):
             msg = _clean_user_message(tok.decode(req.output_ids, skip_special_tokens=True))
             if msg is not None:
                 texts.append((s.domain, msg))
@@ -80,7 +80,7 @@ def synthesize_shard(engine: Engine, seeds: list[PromptSeed], cfg: SynthConfig, 
                for i in range(len(texts))]
     records = []
     for (domain, text), ids, p, req in zip(texts, prompt_ids, rparams,
-                                           engine.generate(prompt_ids, rparams, progress=progress)):
+                                           engine.generate_bulk(prompt_ids, rparams, progress=progress)):
         records.append({"domain": domain, "prompt": text, "prompt_ids": ids, "response_ids": req.output_ids,
                         "temperature": p.temperature, "finish_reason": str(req.finish_reason)})
     return records

@@ -385,17 +385,24 @@ class Engine:
                 self.drafter.release(req.request_id)
 
     # ---- convenience ---------------------------------------------------------------------------
+    def generate_bulk(self, prompts: list[list[int]], params: list[SamplingParams],
+                      progress: tqdm | None = None) -> list[Request]:
+        """`generate` with the longest prompts admitted first, results in input order: requests that
+        run together then have similar lengths, so attention (which reads each run of rows up to its
+        longest) wastes little. For offline generation, where admission order does not matter."""
+        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
+        done = self.generate([prompts[i] for i in order], [params[i] for i in order], progress)
+        out: list[Request | None] = [None] * len(prompts)
+        for i, req in zip(order, done):
+            out[i] = req
+        return out  # type: ignore[return-value]
+
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
                  progress: tqdm | None = None) -> list[Request]:
-        """Run prompts to completion: up to max_num_seqs at once (longest prompts first), each finished
-        one's slot refilled from the queue at the next step. `progress` (a tqdm) counts the tokens emitted."""
+        """Run prompts to completion: up to max_num_seqs at once, in order, each finished one's slot
+        refilled from the queue at the next step. `progress` (a tqdm) counts the tokens emitted."""
         plist = params if isinstance(params, list) else [params] * len(prompts)
-        # longest prompts first: requests admitted together then have similar lengths, so attention
-        # (which reads each run of rows up to its longest) wastes little; results come back in input order
-        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
-        ids = [""] * len(prompts)
-        for i in order:
-            ids[i] = self.add_request(prompts[i], plist[i])
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
         done: dict[str, Request] = {}
         by_id = {}
         while self.has_unfinished():
