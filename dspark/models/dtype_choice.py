@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import statistics
 import time
 from pathlib import Path
 
@@ -37,26 +36,14 @@ def candidate_dtypes(device: str) -> list[str]:
 
 def _step_ms(target_name: str, device: str, dtype: str, num_requests: int, num_tokens: int,
              context_len: int = 128, num_repeats: int = 5) -> float:
-    from dspark.models.runner import SeqChunk, TargetRunner
+    """Median step of `num_requests` requests × `num_tokens` tokens over a cached context (the SPS
+    profiler's own measurement, at one point)."""
+    from dspark.bench.profile import profile_target
     from dspark.models.target import load_target
 
-    target = load_target(target_name, device, dtype)
-    runner = TargetRunner(target.model, num_requests, context_len + num_tokens + 1)
-    slots = [runner.cache.allocate() for _ in range(num_requests)]
-    ctx = [(100 + i) % runner.vocab_size for i in range(context_len)]
-    runner.forward([SeqChunk(s, 0, ctx, 1) for s in slots])
-    chunks = [SeqChunk(s, context_len, ctx[:num_tokens], num_tokens) for s in slots]
-    samples = []
-    for i in range(num_repeats + 2):
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        runner.forward(chunks)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        if i >= 2:
-            samples.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(samples)
+    table = profile_target(load_target(target_name, device, dtype), (num_requests * num_tokens,), context_len,
+                           tokens_per_request=num_tokens, num_repeats=num_repeats, show_progress=False)
+    return table.step_time_ms[0]
 
 
 def measure_dtypes(target_name: str, device: str = "cpu") -> dict:

@@ -12,6 +12,7 @@ per machine under ``~/.cache/dspark/gemm_plans/``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -33,6 +34,12 @@ ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 def cpu_signature() -> dict:
     """CPU model and the instruction-set flags that decide kernel speed (AVX2 / AVX-512 / AMX)."""
+    model, flags = _read_cpu()
+    return {"model": model, "flags": list(flags)}
+
+
+@functools.cache
+def _read_cpu() -> tuple[str, tuple[str, ...]]:  # /proc/cpuinfo once per process
     model, flags = platform.processor() or platform.machine(), set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -44,7 +51,7 @@ def cpu_signature() -> dict:
     except OSError:
         pass
     wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_fp16")
-    return {"model": model, "flags": [f for f in wanted if f in flags]}
+    return model, tuple(f for f in wanted if f in flags)
 
 
 def has_bf16_units() -> bool:

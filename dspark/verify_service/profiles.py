@@ -57,17 +57,19 @@ def slug(identity: dict) -> str:
     return "".join(c if c.isalnum() else "-" for c in raw).strip("-").replace("--", "-")
 
 
-def find_profile(identity: dict, dirs: list[Path] | None = None) -> Path | None:
-    """A profile file whose recorded identity equals `identity`: shipped ones first, then measured ones."""
+def _profile_metas(dirs: list[Path] | None = None):  # noqa: ANN202 - a generator of (path, meta)
+    """(path, meta) of every readable profile: shipped ones first, then the ones measured here."""
     for d in dirs if dirs is not None else [SHIPPED_DIR, cache_dir() / "profiles"]:
         for path in sorted(d.glob("*.json")) if d.is_dir() else []:
             try:
-                meta = json.loads(path.read_text()).get("meta") or {}
+                yield path, json.loads(path.read_text()).get("meta") or {}
             except (OSError, ValueError):
                 continue
-            if identity_of(meta) == identity:
-                return path
-    return None
+
+
+def find_profile(identity: dict, dirs: list[Path] | None = None) -> Path | None:
+    """A profile file whose recorded identity equals `identity`: shipped ones first, then measured ones."""
+    return next((path for path, meta in _profile_metas(dirs) if identity_of(meta) == identity), None)
 
 
 def profile_for(target: TargetModel) -> tuple[SPSTable, Path]:
@@ -95,13 +97,8 @@ def profile_for(target: TargetModel) -> tuple[SPSTable, Path]:
 def recorded_dtype_choice(target_name: str, device: str) -> dict | None:
     """The per-role dtype measurement `dspark profile` stored with a profile of this machine and model."""
     want = machine_identity(target_name, device, torch.float32)
-    for d in (SHIPPED_DIR, cache_dir() / "profiles"):
-        for path in sorted(d.glob("*.json")) if d.is_dir() else []:
-            try:
-                meta = json.loads(path.read_text()).get("meta") or {}
-            except (OSError, ValueError):
-                continue
-            ident = identity_of(meta)
-            if ident is not None and "dtypes" in meta and {**ident, "dtype": "float32"} == want:
-                return meta["dtypes"]
+    for _, meta in _profile_metas():
+        ident = identity_of(meta)
+        if ident is not None and "dtypes" in meta and {**ident, "dtype": "float32"} == want:
+            return meta["dtypes"]
     return None
