@@ -138,6 +138,26 @@ def train(
     typer.echo(json.dumps(run_pipeline(cfg, chosen), default=str))
 
 
+@app.command("train-sanity")
+def train_sanity(
+    config: Path = typer.Option(..., help="Pipeline YAML whose model section is checked."),
+    num_prompts: int = typer.Option(50, min=1, help="Training prompts to overfit."),
+    num_steps: int = typer.Option(600, min=1),
+    lr: float = typer.Option(1e-3, min=0.0),
+    num_anchors: int = typer.Option(32, min=1, help="Blocks per sequence and step."),
+    max_new_tokens: int = typer.Option(128, min=8, help="Greedy response length (training and decoding)."),
+    fresh: bool = typer.Option(False, help="Discard an earlier sanity run of this config."),
+    num_threads: int | None = THREADS,
+) -> None:
+    """Overfit check: train the drafter on a few prompts only, decode them at T=0, report τ (JSON last)."""
+    _setup(num_threads, verbose=True)
+    from dspark.training.pipeline_config import PipelineConfig
+    from dspark.training.sanity import run_sanity
+
+    cfg = PipelineConfig.from_yaml(config)
+    typer.echo(json.dumps(run_sanity(cfg, num_prompts, num_steps, max_new_tokens, lr, num_anchors, fresh)))
+
+
 @app.command("eval")
 def eval_cmd(
     drafter: str = typer.Option("dspark", help="Drafter name: dspark | dflash | eagle3 | mtp1 (or ngram, oracle)."),

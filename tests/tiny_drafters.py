@@ -58,8 +58,20 @@ def make_dflash(target: TargetModel, seed: int = 0) -> DSparkModel:
     return model.eval()
 
 
+def make_dspark(target: TargetModel, seed: int = 0) -> DSparkModel:
+    """A random one-layer DSpark drafter with its Markov head and confidence head."""
+    torch.manual_seed(seed)
+    hf_cfg = target.model.config
+    cfg = DSparkConfig.from_target(hf_cfg, NUM_DRAFT_VOCAB, intermediate_size=96, block_size=GAMMA,
+                                   head_type="markov", markov_rank=16, use_confidence=True, num_layers=1)
+    model = DSparkModel(cfg, draft_vocab(hf_cfg.vocab_size))
+    model.attach_target(target.model.get_input_embeddings().weight, target.model.get_output_embeddings().weight)
+    return model.eval()
+
+
 def save_tiny_baseline(target: TargetModel, kind: str, out: Path) -> Path:
-    """Write a random `kind` checkpoint folder that `make_drafter(kind, target, path=out)` loads."""
-    model = make_dflash(target) if kind == "dflash" else make_ar(target, kind)
+    """Write a random `kind` (dflash, dspark, eagle3, mtp1) checkpoint folder that
+    `make_drafter(kind, target, path=out)` loads."""
+    model = {"dflash": make_dflash, "dspark": make_dspark}.get(kind, lambda t: make_ar(t, kind))(target)
     model.save_pretrained(out)
     return out

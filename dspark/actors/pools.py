@@ -59,7 +59,9 @@ def start_pools(config: ServeAppConfig, timeout_s: float = 900.0) -> Pools:
     """Create (or find) the scheduler and pools, wait until they are ready, pair them."""
     check_resources(config)
     name = config.cluster_name
-    scheduler = get_or_create_scheduler(f"{name}-scheduler", ACTOR_NAMESPACE)
+    scheduler = get_or_create_scheduler(f"{name}-scheduler", ACTOR_NAMESPACE,
+                                        {"model_name": config.model_name or config.target, "arm": config.arm_name,
+                                         "replica": f"{name}-scheduler"})
     common = {"namespace": ACTOR_NAMESPACE, "get_if_exists": True}
     verify = {f"{name}-verify-{i}": VerifyWorkerActor.options(
         name=f"{name}-verify-{i}", **common, **config.verify_worker.actor_options()

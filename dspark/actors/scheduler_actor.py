@@ -15,20 +15,30 @@ from typing import Any
 import ray
 
 from dspark.actors.cluster_scheduler import CapacityDecision, ClusterScheduler, WorkerLoad
+from dspark.cluster.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
 class SchedulerActor:
-    def __init__(self) -> None:
+    def __init__(self, labels: dict[str, str] | None = None) -> None:
         self.scheduler = ClusterScheduler()
+        lab = labels or {}
+        self.metrics = Metrics(lab.get("model_name", ""), lab.get("arm", "default"), "scheduler",
+                               lab.get("replica", "scheduler"))
 
     def report(self, load: WorkerLoad) -> CapacityDecision:
-        return self.scheduler.report(load)
+        t0 = time.perf_counter()
+        decision = self.scheduler.report(load)
+        self.metrics.observe("dspark_scheduler_decision_seconds", time.perf_counter() - t0, decision="capacity")
+        return decision
 
     def place(self, request_id: str, worker_ids: list[str]) -> str:
-        return self.scheduler.place(request_id, worker_ids)
+        t0 = time.perf_counter()
+        worker = self.scheduler.place(request_id, worker_ids)
+        self.metrics.observe("dspark_scheduler_decision_seconds", time.perf_counter() - t0, decision="place")
+        return worker
 
     def snapshot(self) -> dict[str, Any]:
         return self.scheduler.snapshot()
@@ -37,9 +47,10 @@ class SchedulerActor:
         return self.scheduler.started_s
 
 
-def get_or_create_scheduler(name: str, namespace: str | None = None) -> Any:
-    """The cluster's scheduler actor, created on first use (any process may call this)."""
-    return SchedulerActor.options(name=name, namespace=namespace, get_if_exists=True).remote()
+def get_or_create_scheduler(name: str, namespace: str | None = None, labels: dict[str, str] | None = None) -> Any:
+    """The cluster's scheduler actor, created on first use (any process may call this); `labels`: of its
+    metrics (model_name, arm)."""
+    return SchedulerActor.options(name=name, namespace=namespace, get_if_exists=True).remote(labels)
 
 
 class SchedulerClient:

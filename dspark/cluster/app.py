@@ -11,6 +11,7 @@ and the workers are plain actors, not Serve replicas, so their per-step channels
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ from dspark.cluster.ab import Arm
 from dspark.cluster.access import KeyRing
 from dspark.cluster.admission import Admission
 from dspark.cluster.config import ServeAppConfig
+from dspark.cluster.engine_metrics import EngineMetrics
+from dspark.cluster.metrics_export import cluster_metrics_text
 from dspark.cluster.openai_api import GenerateEngine, build_fastapi
 from dspark.verify_service.async_engine import AsyncEngine
 from dspark.verify_service.engine import Engine
@@ -28,10 +31,13 @@ from dspark.verify_service.engine import Engine
 log = logging.getLogger(__name__)
 
 
-def make_async_engine(config: ServeAppConfig) -> GenerateEngine:
+def make_async_engine(config: ServeAppConfig, replica: str) -> GenerateEngine:
     """inline: one target + drafter stepping on a thread of this replica; otherwise the worker pools."""
     if config.mode == "inline":
-        return AsyncEngine(Engine(config.engine_config()))
+        engine = Engine(config.engine_config())
+        metrics = EngineMetrics(config.metrics("verify", replica))
+        return AsyncEngine(engine, on_step=lambda: metrics.after_step(engine),
+                           on_idle=lambda: metrics.after_step(engine))
     from dspark.cluster.cluster_engine import ClusterEngine
 
     return ClusterEngine(config)
@@ -44,11 +50,12 @@ class SpecDecodeServer:
 
     def __init__(self, config: ServeAppConfig) -> None:
         self.config = config
+        self.replica = _replica_id()
         # one engine (or set of pools) per A/B arm; a single unnamed arm without `ab_arms`
         self.arm_engines: dict[str, GenerateEngine] = {
-            arm.name: make_async_engine(config.arm_config(arm)) for arm in config.ab_arms}
+            arm.name: make_async_engine(config.arm_config(arm), self.replica) for arm in config.ab_arms}
         self.engine: GenerateEngine = (next(iter(self.arm_engines.values())) if self.arm_engines
-                                       else make_async_engine(config))
+                                       else make_async_engine(config, self.replica))
         log.info("dspark replica ready: model=%s mode=%s drafter=%s scheduler=%s", config.model_name,
                  config.mode, config.drafter, config.scheduler)
 
@@ -61,7 +68,10 @@ class SpecDecodeServer:
                              admission=Admission(cfg.capacity, cfg.max_queued_requests),
                              max_body_bytes=cfg.max_body_bytes, arms=arms,
                              arm_engines={name: (lambda e=e: e) for name, e in self.arm_engines.items()} or None,
-                             request_log=Path(cfg.request_log) if cfg.request_log else None)
+                             request_log=Path(cfg.request_log) if cfg.request_log else None,
+                             metrics=({a.name: cfg.arm_config(a).metrics("ingress", self.replica) for a in cfg.ab_arms}
+                                      or {"default": cfg.metrics("ingress", self.replica)}),
+                             metrics_text=cluster_metrics_text)
 
     def check_health(self) -> None:
         # Serve restarts a replica whose engine loop died instead of routing traffic to it
@@ -74,6 +84,13 @@ class SpecDecodeServer:
             shutdown = getattr(engine, "shutdown", None)
             if shutdown is not None:
                 shutdown()
+
+
+def _replica_id() -> str:
+    try:
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # noqa: BLE001 - outside a Serve replica (tests building the class directly)
+        return f"pid{os.getpid()}"
 
 
 def build_app(args: dict[str, Any]) -> serve.Application:

@@ -32,6 +32,13 @@ class ClusterEngine:
         self._tokenizer = AutoTokenizer.from_pretrained(path)
         self.vocab_size = AutoConfig.from_pretrained(path).vocab_size
         self.pools: Pools = start_pools(config)
+        metrics = config.metrics("ingress", "ingress")
+
+        def pool_gauges() -> None:
+            metrics.set("dspark_pool_replicas", len(self.pools.verify), pool="verify")
+            metrics.set("dspark_pool_replicas", len(self.pools.draft), pool="draft")
+
+        metrics.refresh_every(pool_gauges)
         self.place_timeout_s = place_timeout_s
         self.outstanding = dict.fromkeys(self.pools.verify, 0)
         self.num_fallback_placements = 0

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from dspark.cluster.metrics import Metrics
 from dspark.models.target import DEFAULT_TARGET
 from dspark.spec.schedulers import SCHEDULER_NAMES
 from dspark.verify_service.engine import EngineConfig
@@ -122,6 +123,8 @@ class ServeAppConfig(BaseModel):
                                  "pools; users are assigned stickily by weight (see cluster/ab.py). Empty: one arm.")
     request_log: str | None = Field(None, description="JSONL file each ingress replica appends one record per "
                                     "finished request to (for `dspark ab report`); null: none.")
+    arm_name: str = Field("default", pattern=r"^[A-Za-z0-9_.-]+$",
+                          description="The `arm` label of this config's metrics (set per arm from ab_arms).")
 
     @field_validator("api_key_sha256", "admin_api_key_sha256")
     @classmethod
@@ -133,11 +136,15 @@ class ServeAppConfig(BaseModel):
                              ".hexdigest())\" KEY")
         return [d.lower() for d in digests]
 
+    def metrics(self, pool: str, replica: str) -> Metrics:
+        """Metric handles labelled for a process of this config (see cluster/metrics.py)."""
+        return Metrics(self.model_name or self.target, self.arm_name, pool, replica)
+
     def arm_config(self, arm: ABArm) -> ServeAppConfig:
         """The full config of one arm: this one with the arm's overrides, its pools named apart."""
         base = self.model_dump(exclude={"ab_arms"})
         base.update({"max_ongoing_requests": None, **arm.overrides,
-                     "cluster_name": f"{self.cluster_name}-{arm.name}"})
+                     "cluster_name": f"{self.cluster_name}-{arm.name}", "arm_name": arm.name})
         return ServeAppConfig.model_validate(base)
 
     @property
@@ -168,8 +175,8 @@ class ServeAppConfig(BaseModel):
             if len(set(names)) != len(names) or sum(a.weight for a in self.ab_arms) <= 0:
                 raise ValueError(f"ab_arms need unique names and a positive total weight, got {names}")
             for arm in self.ab_arms:
-                if "ab_arms" in arm.overrides or "cluster_name" in arm.overrides:
-                    raise ValueError(f"arm {arm.name!r} may not override ab_arms or cluster_name")
+                if {"ab_arms", "cluster_name", "arm_name"} & set(arm.overrides):
+                    raise ValueError(f"arm {arm.name!r} may not override ab_arms, cluster_name or arm_name")
                 self.arm_config(arm)  # each arm's config is valid on its own, or this one is not
         if self.max_ongoing_requests is None:
             # room past the admission limit, so an overloaded replica answers 429 at once instead of

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import jinja2
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dspark.cluster.ab import ARM_HEADER, OVERRIDE_HEADER, SESSION_HEADER, Arm, chosen_arm
@@ -50,6 +50,7 @@ from dspark.cluster.api_models import (
     Usage,
     new_id,
 )
+from dspark.cluster.metrics import Metrics
 from dspark.spec.logprobs import TokenLogprob
 from dspark.verify_service.async_engine import EngineDeadError
 from dspark.verify_service.request import RequestOutput, SamplingParams
@@ -101,8 +102,8 @@ class GuardMiddleware:
     Bodies larger than `max_body_bytes` are a 413, whether they announce it (Content-Length) or not
     (chunked: the count stops the read at the limit)."""
 
-    def __init__(self, app: Any, keys: KeyRing, max_body_bytes: int) -> None:
-        self.app, self.keys, self.max_body_bytes = app, keys, max_body_bytes
+    def __init__(self, app: Any, keys: KeyRing, max_body_bytes: int, metrics: Metrics | None = None) -> None:
+        self.app, self.keys, self.max_body_bytes, self.metrics = app, keys, max_body_bytes, metrics
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -115,6 +116,8 @@ class GuardMiddleware:
         async def send_with_id(message: dict) -> None:
             if message["type"] == "http.response.start":
                 message.setdefault("headers", []).append((b"x-request-id", rid.encode()))
+                if message.get("status", 200) >= 400 and self.metrics is not None:
+                    self.metrics.inc("dspark_request_errors_total", status=str(message["status"]))
             await send(message)
 
         access = self.keys.access_of(headers.get("authorization"))
@@ -374,15 +377,21 @@ def _encode_prompt(tokenizer: Any, body: CompletionRequest) -> list[int]:
 def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str, keys: KeyRing | None = None,
                   admission: Admission | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                   arm_engines: dict[str, Callable[[], GenerateEngine]] | None = None,
-                  arms: list[Arm] | None = None, request_log: Path | None = None) -> FastAPI:
+                  arms: list[Arm] | None = None, request_log: Path | None = None,
+                  metrics: dict[str, Metrics] | None = None,
+                  metrics_text: Callable[[], str] | None = None) -> FastAPI:
     """The OpenAI-compatible app serving `model_name` from the engine `get_engine()` returns.
 
     With `arms` (A/B): each request goes to `arm_engines[arm]()` for the arm `ab.chosen_arm` picks, the
     response names it in `x-dspark-arm`, and `request_log` (JSONL) gets one record per finished request
-    for `dspark ab report`."""
+    for `dspark ab report`. `metrics`: per arm ("default" without arms), the request metrics' handles;
+    `metrics_text()`: the Prometheus text `GET /metrics` serves (see metrics_export.py)."""
     app = FastAPI(title="dspark", description="OpenAI-compatible speculative decoding server")
     install_error_handlers(app)
-    app.add_middleware(GuardMiddleware, keys=keys or KeyRing(), max_body_bytes=max_body_bytes)
+    any_arm = next(iter(metrics.values()), None) if metrics else None
+    guard_metrics = (Metrics(any_arm.labels["model_name"], "any", "ingress", any_arm.labels["replica"])
+                     if any_arm is not None else None)
+    app.add_middleware(GuardMiddleware, keys=keys or KeyRing(), max_body_bytes=max_body_bytes, metrics=guard_metrics)
     started = int(time.time())
 
     def check_model(body_model: str | None) -> None:
@@ -413,7 +422,8 @@ def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str, key
         if admission is not None and not admission.try_enter():
             raise ApiError(429, "the server is at capacity; retry later", type_="rate_limit_error",
                            code="overloaded", headers={"Retry-After": str(admission.retry_after_s())})
-        record = _RequestRecord(arm, _request_id(request), time.time(), time.perf_counter(), log_file)
+        record = _RequestRecord(arm, _request_id(request), time.time(), time.perf_counter(), log_file,
+                                metrics.get(arm) if metrics else None)
         try:
             engine = arm_engines[arm]() if arm_engines else get_engine()
             prompt_ids = encode(engine.tokenizer, body)
@@ -423,7 +433,8 @@ def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str, key
             if admission is not None:
                 admission.leave()
             raise
-        record.first_s = time.perf_counter()
+        record.first_s = record.last_s = time.perf_counter()
+        record.num_prompt_tokens = len(prompt_ids)
         return prompt_ids, stream, _released(gen, admission), first, record
 
     @app.get("/health")
@@ -439,6 +450,12 @@ def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str, key
         if not callable(stats):
             raise ApiError(404, "this deployment has no worker pools (mode: inline)", code="no_stats")
         return stats()
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    def prometheus_metrics() -> PlainTextResponse:  # sync: it reads the nodes' metrics agents
+        if metrics_text is None:
+            raise ApiError(404, "metrics are not exported by this server", code="no_metrics")
+        return PlainTextResponse(metrics_text(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/models")
     async def models() -> ModelList:
@@ -516,23 +533,47 @@ async def _respond(is_stream: bool, first: RequestOutput, gen: AsyncIterator[Req
 
 @dataclass
 class _RequestRecord:
-    """One finished request, as `dspark ab report` reads it from the request log."""
+    """One request's timing: the ingress metrics, and its line in the request log for `dspark ab report`."""
 
     arm: str
     request_id: str
     start_wall_s: float
     start_s: float
     log_file: Any
+    metrics: Metrics | None = None
+    num_prompt_tokens: int = 0
     first_s: float = 0.0
+    last_s: float = 0.0
+
+    def on_output(self, out: RequestOutput) -> None:
+        """An output reached the client: one inter-token-latency observation (vLLM: one per delivery)."""
+        now = time.perf_counter()
+        if self.metrics is not None and self.last_s and out.new_token_ids:
+            self.metrics.observe("vllm:inter_token_latency_seconds", now - self.last_s)
+        if out.new_token_ids:
+            self.last_s = now
 
     def write(self, stream: TextStream, is_error: bool) -> None:
+        now = time.perf_counter()
+        n = len(stream.token_ids)
+        m = self.metrics
+        if m is not None:
+            if is_error:
+                m.inc("dspark_request_errors_total", status="stream")
+            else:
+                m.observe("vllm:time_to_first_token_seconds", self.first_s - self.start_s)
+                m.observe("vllm:e2e_request_latency_seconds", now - self.start_s)
+                if n > 1:
+                    m.observe("vllm:request_time_per_output_token_seconds", (now - self.first_s) / (n - 1))
+                m.inc("vllm:prompt_tokens_total", self.num_prompt_tokens)
+                m.inc("vllm:generation_tokens_total", n)
+                m.inc("vllm:request_success_total", finished_reason=stream.finish_reason or "stop")
         if self.log_file is None:
             return
-        now = time.perf_counter()
         self.log_file.write(json.dumps({
             "arm": self.arm, "request_id": self.request_id, "start_s": self.start_wall_s,
             "ttft_s": self.first_s - self.start_s, "e2e_s": now - self.start_s,
-            "num_output_tokens": len(stream.token_ids), "num_steps": stream.num_steps,
+            "num_output_tokens": n, "num_steps": stream.num_steps,
             "num_verified": stream.num_verified, "num_accepted": stream.num_accepted, "is_error": is_error}) + "\n")
 
 
@@ -544,6 +585,7 @@ async def _drain(first: RequestOutput, gen: AsyncIterator[RequestOutput], stream
     try:
         async for out in _outputs(first, gen):
             stream.add(out)
+            record.on_output(out)
         is_error = False
     finally:
         await gen.aclose()
@@ -556,6 +598,7 @@ async def _sse(first: RequestOutput, gen: AsyncIterator[RequestOutput], stream: 
     try:
         async for out in _outputs(first, gen):
             stream.add(out)
+            record.on_output(out)
             text = stream.delta()
             if out.is_finished:
                 yield chunk(text, True)

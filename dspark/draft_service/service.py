@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,8 +37,11 @@ class DraftSpan:
 class DraftService:
     """Keeps each request's token history and feeds the drafter; thread-safe."""
 
-    def __init__(self, drafter: Drafter | None, max_num_spans: int = 4096) -> None:
+    def __init__(self, drafter: Drafter | None, max_num_spans: int = 4096,
+                 on_span: Callable[[DraftSpan, int], None] | None = None) -> None:
+        """`on_span(span, num_contexts)`: called after each message (metrics)."""
         self.drafter = drafter
+        self.on_span = on_span
         self.hidden_layers: tuple[int, ...] = tuple(getattr(drafter, "hidden_layers", ()))
         self._tokens: dict[str, list[int]] = {}
         self._lock = threading.Lock()
@@ -57,7 +61,10 @@ class DraftService:
             reply = self._draft(message)
             end = time.time()
             self.num_messages += 1
-        self.spans.append(DraftSpan(message["seq"], len(message["requests"]), received, start, end))
+        span = DraftSpan(message["seq"], len(message["requests"]), received, start, end)
+        self.spans.append(span)
+        if self.on_span is not None:
+            self.on_span(span, len(self._tokens))
         return {**reply, "seq": message["seq"], "posted_s": posted_s, "received_s": received, "start_s": start,
                 "end_s": end}
 

@@ -17,7 +17,7 @@ import torch
 
 from dspark.actors.transport import GlooChannel
 from dspark.cluster.config import ServeAppConfig
-from dspark.draft_service.service import DraftService, serve_channel
+from dspark.draft_service.service import DraftService, DraftSpan, serve_channel
 from dspark.models.drafter import make_drafter
 from dspark.models.target import load_target
 from dspark.verify_service.engine import resolve_dtype
@@ -31,7 +31,14 @@ class DraftWorker:
         # the verify side's dtype (auto: measured for verification), so features arrive as the drafter expects
         target = load_target(config.target, device, resolve_dtype(config.engine_config()))
         drafter = make_drafter(config.drafter, target, **dict(config.drafter_kwargs))
-        self.service = DraftService(drafter)
+        metrics = config.metrics("draft", worker_id)
+
+        def on_span(span: DraftSpan, num_contexts: int) -> None:
+            metrics.inc("dspark_draft_busy_seconds_total", span.end_s - span.start_s)
+            metrics.set("dspark_draft_contexts", num_contexts)
+
+        self.service = DraftService(drafter, on_span=on_span)
+        metrics.refresh_every(lambda: metrics.set("dspark_draft_contexts", self.service.num_requests))
         self.channel: GlooChannel | None = None
         self._thread: threading.Thread | None = None
         self.error: str | None = None

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from dspark.training.shard_window import ShardWindowPool
 from dspark.training.target_cache import CachedShard
 
 
@@ -30,6 +32,10 @@ class SequencePool:
     def __len__(self) -> int:
         return len(self.items)
 
+    def sample(self, rng: random.Random, n: int, step: int) -> list[int]:
+        """`n` distinct sequences for a batch (every sequence is resident; `step` is not needed)."""
+        return rng.sample(range(len(self.items)), min(n, len(self.items)))
+
     def get(self, idx: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
         shard, i = self.items[idx]
         a, b = int(shard.offsets[i]), int(shard.offsets[i + 1])
@@ -37,7 +43,7 @@ class SequencePool:
                 int(shard.prompt_lens[i]))
 
 
-def make_batch(pool: SequencePool, indices: list[int], num_anchors: int, block_size: int,
+def make_batch(pool: SequencePool | ShardWindowPool, indices: list[int], num_anchors: int, block_size: int,
                gen: torch.Generator) -> TrainBatch:
     """Anchors are drawn uniformly from positions whose first prediction is a response token."""
     seqs = [pool.get(i) for i in indices]

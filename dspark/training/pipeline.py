@@ -21,11 +21,12 @@ from dspark.models.eagle3_config import Eagle3Config
 from dspark.models.mtp import MTPModel
 from dspark.models.mtp_config import MTPConfig
 from dspark.models.target import TargetModel, load_target
-from dspark.training.batches import SequencePool, TrainBatch, select_features
+from dspark.training.batches import TrainBatch, select_features
 from dspark.training.losses import loss_weights
 from dspark.training.pipeline_config import PipelineConfig
+from dspark.training.shard_window import ShardWindowPool
 from dspark.training.synth import SynthConfig, load_records, run_synthesis
-from dspark.training.target_cache import CachedShard, build_cache
+from dspark.training.target_cache import build_cache
 from dspark.training.trainer import TrainConfig, train
 from dspark.training.vocab import build_draft_vocab, coverage_table, token_counts
 
@@ -99,17 +100,17 @@ def stage_cache(cfg: PipelineConfig) -> dict:
     meta_path = cfg.work_dir / "cache" / "train" / "meta.json"
     if meta_path.exists() and (cfg.work_dir / "cache" / "heldout" / "meta.json").exists():
         return {"skipped": True, **json.loads(meta_path.read_text())}
+    from dspark.verify_service.engine import EngineConfig, resolve_dtype
+
     train, held = split_records(cfg)
-    target, layers = _target(cfg), _layers(cfg)
+    layers = _layers(cfg)
+    dtype = resolve_dtype(EngineConfig(target=cfg.target, dtype=cfg.train.feature_dtype, dtype_role="generate"))
+    target = _target(cfg) if dtype in (None, "fp32") else load_target(cfg.target, dtype=dtype)
     out = {"train": build_cache(target, train, layers, cfg.work_dir / "cache" / "train",
                                 max_len=cfg.train.max_seq_len),
            "heldout": build_cache(target, held, layers, cfg.work_dir / "cache" / "heldout",
-                                  max_len=cfg.train.max_seq_len)}
+                                  max_len=cfg.train.max_seq_len), "feature_dtype": dtype or "fp32"}
     return out
-
-
-def _shards(cfg: PipelineConfig, split: str) -> list[CachedShard]:
-    return [CachedShard.load(p) for p in sorted((cfg.work_dir / "cache" / split).glob("cache-*.safetensors"))]
 
 
 def build_model(cfg: PipelineConfig) -> DSparkModel | ARDraftModel:
@@ -141,8 +142,9 @@ def stage_train(cfg: PipelineConfig) -> dict:
         return {"skipped": True}
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg)
-    pool = SequencePool(_shards(cfg, "train"))
     t = cfg.train
+    pool = ShardWindowPool(sorted((cfg.work_dir / "cache" / "train").glob("cache-*.safetensors")),
+                           t.resident_shards, t.steps_per_shard, t.seed)
     tcfg = TrainConfig(num_steps=t.num_steps, batch_size=t.batch_size, num_anchors=t.num_anchors, lr=t.lr,
                        warmup_steps=t.warmup_steps, weight_decay=t.weight_decay, grad_clip=t.grad_clip, seed=t.seed,
                        checkpoint_every=t.checkpoint_every, loss_weights=loss_weights(cfg.loss))

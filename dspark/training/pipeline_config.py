@@ -72,6 +72,11 @@ class TrainSection(_Strict):
                              "(0.1 CE + 0.9 TV) | kl (EAGLE-3); null: the drafter's own.")
     heldout_fraction: float = Field(0.06, ge=0, lt=1, description="Held out for calibration/validation.")
     max_seq_len: int = Field(768, ge=16, description="Sequences are cut here for the cache.")
+    feature_dtype: str = Field("fp32", description="dtype of the target that computes the cached features: "
+                               "fp32 | bf16 | auto (the fastest for batched prefill on this machine, measured).")
+    resident_shards: int = Field(64, ge=1, description="Cache shards held in memory at once (a sliding "
+                                 "window over a cache larger than RAM).")
+    steps_per_shard: int = Field(4, ge=1, description="Steps between window moves (one shard in, one out).")
     num_calibration_prompts: int = Field(48, ge=1, description="Held-out prompts decoded to fit STS.")
     calibration_max_tokens: int = Field(128, ge=8, description="Tokens per calibration prompt.")
 

@@ -26,7 +26,7 @@ class CachedShard:
     offsets: torch.Tensor  # (S + 1,) long
     prompt_lens: torch.Tensor  # (S,) long
     features: torch.Tensor  # (T, taps * D) bf16
-    final_hidden: torch.Tensor  # (T, D) fp32, before the final norm
+    final_hidden: torch.Tensor  # (T, D) fp32 (bf16 from a bf16 target), before the final norm
     lse: torch.Tensor  # (T,) fp32, logsumexp of the full-vocab target logits
 
     @classmethod
@@ -37,16 +37,20 @@ class CachedShard:
 
 @torch.inference_mode()
 def cache_sequences(target: TargetModel, seqs: list[tuple[list[int], int]], layers: list[int],
-                    batch_tokens: int = 1024) -> dict[str, torch.Tensor]:
-    """Run the target over (token_ids, prompt_len) sequences; return the shard's tensors."""
+                    batch_tokens: int = 2048, max_seqs: int = 16) -> dict[str, torch.Tensor]:
+    """Run the target over (token_ids, prompt_len) sequences; return the shard's tensors.
+
+    The final hidden state is kept in the target's dtype (bf16 when the target runs in bf16: no loss);
+    any GEMM kernel may be used (a cache needs no row invariance)."""
     final_layer = target.model.config.num_hidden_layers
     max_len = max(len(s) for s, _ in seqs)
-    runner = TargetRunner(target.model, max_num_seqs=8, max_model_len=max_len + 1)
+    runner = TargetRunner(target.model, max_num_seqs=max_seqs, max_model_len=max_len + 1, row_invariant=False)
+    final_dtype = torch.bfloat16 if target.dtype == torch.bfloat16 else torch.float32
     feats, finals, lses = [], [], []
     i = 0
     while i < len(seqs):
         group, n_tok = [], 0
-        while i < len(seqs) and len(group) < 8 and (not group or n_tok + len(seqs[i][0]) <= batch_tokens):
+        while i < len(seqs) and len(group) < max_seqs and (not group or n_tok + len(seqs[i][0]) <= batch_tokens):
             group.append(seqs[i][0])
             n_tok += len(seqs[i][0])
             i += 1
@@ -55,7 +59,7 @@ def cache_sequences(target: TargetModel, seqs: list[tuple[list[int], int]], laye
         out = runner.forward([SeqChunk(s, 0, ids, len(ids)) for s, ids in zip(slots, group)],
                              hidden_layers=tuple(layers) + (final_layer,))
         feats.append(torch.cat([out.hidden_states[j] for j in layers], dim=-1).to(torch.bfloat16))
-        finals.append(out.hidden_states[final_layer].float().clone())
+        finals.append(out.hidden_states[final_layer].to(final_dtype).clone())
         lses.append(torch.logsumexp(out.logits.float(), dim=-1))
     lengths = torch.tensor([len(s) for s, _ in seqs])
     return {"token_ids": torch.tensor([t for s, _ in seqs for t in s]),

@@ -17,6 +17,7 @@ from dspark.models.ar_draft import ARDraftModel
 from dspark.models.dspark import DSparkModel
 from dspark.training.batches import SequencePool, TrainBatch, make_batch, target_probs_over_draft_vocab
 from dspark.training.losses import LossWeights, dspark_loss
+from dspark.training.shard_window import ShardWindowPool
 
 
 @dataclass
@@ -41,7 +42,7 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def train(model: DSparkModel | ARDraftModel, pool: SequencePool, final_norm: torch.Tensor, eps: float,
+def train(model: DSparkModel | ARDraftModel, pool: SequencePool | ShardWindowPool, final_norm: torch.Tensor, eps: float,
           cfg: TrainConfig, ckpt_path: Path, features_of: Callable[[TrainBatch], torch.Tensor] | None = None) -> dict:
     """Train in place; resumes from ckpt_path (model, optimizer, step, RNG) when it exists.
 
@@ -65,8 +66,7 @@ def train(model: DSparkModel | ARDraftModel, pool: SequencePool, final_norm: tor
     t0, blocks = time.perf_counter(), 0
     model.train()
     while step < cfg.num_steps:
-        batch = make_batch(pool, rng.sample(range(len(pool)), min(cfg.batch_size, len(pool))),
-                           cfg.num_anchors, gamma, gen)
+        batch = make_batch(pool, pool.sample(rng, cfg.batch_size, step), cfg.num_anchors, gamma, gen)
         with torch.no_grad():
             p_t = target_probs_over_draft_vocab(batch, gamma, final_norm, eps, model.draft_lm_head)
         features = batch.features if features_of is None else features_of(batch)

@@ -25,9 +25,11 @@ class AsyncEngine:
     request, which frees its cache slot at the next step.
     """
 
-    def __init__(self, engine: Engine, on_step: Callable[[], None] | None = None) -> None:
+    def __init__(self, engine: Engine, on_step: Callable[[], None] | None = None,
+                 on_idle: Callable[[], None] | None = None) -> None:
         self.engine = engine
         self.on_step = on_step  # called on the engine thread after every step (cluster load reports)
+        self.on_idle = on_idle  # called on the engine thread at most every 0.5 s while idle (metrics)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._pending: list[tuple[str, list[int], SamplingParams]] = []
@@ -118,6 +120,11 @@ class AsyncEngine:
 
     def _idle(self, eng: Engine) -> None:
         """An idle engine still keeps its links alive (a paired draft worker's receive would time out)."""
+        if self.on_idle is not None:
+            try:
+                self.on_idle()
+            except Exception:  # noqa: BLE001 - metrics must not stop serving
+                log.exception("on_idle hook failed")
         keepalive = getattr(eng, "keepalive", None)
         if keepalive is None:
             return

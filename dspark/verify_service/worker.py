@@ -24,6 +24,7 @@ from dspark.actors.cluster_scheduler import WorkerLoad
 from dspark.actors.scheduler_actor import SchedulerClient
 from dspark.actors.transport import GlooChannel, RayChannel, free_port, node_ip
 from dspark.cluster.config import ServeAppConfig
+from dspark.cluster.engine_metrics import EngineMetrics
 from dspark.draft_service.client import RemoteDrafter
 from dspark.models.drafter import make_drafter
 from dspark.models.target import load_target
@@ -59,6 +60,7 @@ class VerifyWorker:
         self._pending_channel: tuple[str, int] | None = None
         self._sent_profile = False
         self.async_engine: AsyncEngine | None = None
+        self.engine_metrics = EngineMetrics(config.metrics("verify", worker_id))
         if config.mode == "colocated":
             self._start()
 
@@ -90,7 +92,8 @@ class VerifyWorker:
         self._start()
 
     def _start(self) -> None:
-        self.async_engine = AsyncEngine(self.engine, on_step=self._after_step)
+        self.async_engine = AsyncEngine(self.engine, on_step=self._after_step,
+                                        on_idle=lambda: self.engine_metrics.after_step(self.engine))
 
     # ---- serving ---------------------------------------------------------------------------------
     async def generate(self, prompt_ids: list[int], params: SamplingParams,
@@ -105,6 +108,7 @@ class VerifyWorker:
 
     # ---- scheduler exchange (engine thread) -------------------------------------------------------
     def _after_step(self) -> None:
+        self.engine_metrics.after_step(self.engine)
         decision = self.scheduler_client.poll()
         if decision is not None and self.capacity is not None:
             self.capacity.set_capacity(decision.capacity)
