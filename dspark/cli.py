@@ -17,6 +17,8 @@ autoscale_app = typer.Typer(no_args_is_help=True, help="The pools' autoscaling p
 app.add_typer(autoscale_app, name="autoscale")
 ab_app = typer.Typer(no_args_is_help=True, help="A/B tests between serving arms.")
 app.add_typer(ab_app, name="ab")
+dashboard_app = typer.Typer(no_args_is_help=True, help="Grafana dashboards (generated from code).")
+app.add_typer(dashboard_app, name="dashboard")
 
 TARGET = typer.Option("smollm2-135m-instruct", help="HF causal-LM folder or the embedded default.")
 DEVICE = typer.Option("cpu", help="cpu or cuda[:N].")
@@ -305,10 +307,39 @@ def bench_batching_cmd(target: str = TARGET, device: str = DEVICE, dtype: str | 
     _emit(bench_batching(load_target(target, device, dtype)), out)
 
 
+@bench_app.command("overload")
+def bench_overload_cmd(
+    config: Path = typer.Option(Path("configs/serve.yaml"), help="Serve config whose first application is run."),
+    multiple: float = typer.Option(10.0, min=1.0, help="Requests sent at once, in multiples of the admission limit."),
+    max_tokens: int = typer.Option(16, min=1),
+    rss_bound_mb: float | None = typer.Option(None, help="Stated memory bound for all Ray processes (MiB); "
+                                              "default: resident memory before the burst + 512."),
+    set_: list[str] = typer.Option([], "--set", help="KEY=VALUE override of the application's args."),
+    out: Path | None = typer.Option(None, help="Also write the JSON here."),
+) -> None:
+    """Overload: N x the admission limit at once; 429/503 + Retry-After latency, admitted latency, memory."""
+    import yaml
+
+    from dspark.bench.overload import load_serve_args, run_overload
+
+    try:
+        args = load_serve_args(config)
+        for item in set_:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+            args[key.strip()] = yaml.safe_load(value)
+    except (OSError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    _emit(run_overload(args, multiple, max_tokens, rss_bound_mb), out)
+
+
 @bench_app.command("serve")
 def bench_serve_cmd(
     arms: str = typer.Option("no-spec,fixed-k,scheduled", help="Comma-separated arms to run, in order. Built in: "
-                             "no-spec (drafter none), fixed-k (--drafter, fixed k=γ), scheduled (--drafter, "
+                             "no-spec (drafter none), mtp1 (MTP-1, one draft token every step), fixed-k "
+                             "(--drafter, fixed k=γ), scheduled (--drafter, "
                              "greedy = Algorithm 1), colocated / decoupled (scheduled in that mode). '' for none."),
     arm_config: Path | None = typer.Option(None, help="YAML mapping arm name -> ServeAppConfig overrides; its "
                                            "arms run after --arms (a built-in name is replaced)."),
@@ -501,6 +532,32 @@ def ab_report_cmd(
         typer.echo(f"error: {exc!r}", err=True)
         raise typer.Exit(2) from exc
     _emit(res, out)
+
+
+@dashboard_app.command("build")
+def dashboard_build(out_dir: Path = typer.Option(Path("configs/grafana"), help="Where the JSON and the "
+                                                 "file-provisioning YAML go.")) -> None:
+    """Write every dashboard's JSON (and Grafana's provisioning YAML); JSON list of files last."""
+    from dspark.cluster.dashboards import all_queries, write_dashboards
+
+    paths = write_dashboards(out_dir)
+    typer.echo(json.dumps({"dashboards": [str(p) for p in paths], "num_queries": len(all_queries())}))
+
+
+@dashboard_app.command("push")
+def dashboard_push(url: str = typer.Option(..., help="Grafana base URL, e.g. http://grafana:3000"),
+                   token: str = typer.Option(..., envvar="GRAFANA_TOKEN", help="Service-account token "
+                                             "(or GRAFANA_TOKEN in the environment)."),
+                   folder: str = typer.Option("dspark", help="Grafana folder to put them in.")) -> None:
+    """Create or overwrite the dashboards on a Grafana server through its HTTP API (grafana-client)."""
+    from dspark.cluster.dashboards import push
+
+    try:
+        urls = push(url, token, folder)
+    except Exception as exc:  # noqa: BLE001 - a CLI: say what failed, no traceback
+        typer.echo(f"error: pushing to {url} failed: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(json.dumps({"pushed": urls}))
 
 
 def _emit(res: dict, out: Path | None, echo: bool = True) -> None:

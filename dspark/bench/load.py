@@ -64,6 +64,8 @@ def request_body(config: LoadConfig, messages: Messages, index: int, max_tokens:
         "seed": config.seed + index, "stream": True, "ignore_eos": config.ignore_eos,
         # OpenAI servers (vLLM) send usage in streams only when asked; dspark always does
         "stream_options": {"include_usage": True},
+        # one user per request: an A/B ingress assigns users to arms, so requests spread over the arms
+        "user": f"bench-user-{index}",
     }
     if config.model is not None:
         body["model"] = config.model

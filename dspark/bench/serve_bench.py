@@ -38,7 +38,7 @@ from dspark.bench.prompts import DOMAINS, load_turns
 
 APP_NAME = "dspark-bench"
 PEER_ARM = "peer"
-BUILTIN_ARM_NAMES = ("no-spec", "fixed-k", "scheduled", "colocated", "decoupled")
+BUILTIN_ARM_NAMES = ("no-spec", "mtp1", "fixed-k", "scheduled", "colocated", "decoupled")
 
 
 def builtin_arms(drafter: str, num_draft_tokens: int) -> dict[str, dict[str, Any]]:
@@ -46,6 +46,8 @@ def builtin_arms(drafter: str, num_draft_tokens: int) -> dict[str, dict[str, Any
     scheduled = {"drafter": drafter, "scheduler": "greedy", "num_draft_tokens": num_draft_tokens}
     return {
         "no-spec": {"drafter": "none", "scheduler": "fixed", "num_draft_tokens": 0},
+        # the production baseline: MTP-1 (checkpoints/mtp1-smollm2), one draft token verified every step
+        "mtp1": {"drafter": "mtp1", "scheduler": "fixed", "scheduler_kwargs": {"k": 1}, "num_draft_tokens": 1},
         "fixed-k": {"drafter": drafter, "scheduler": "fixed", "scheduler_kwargs": {"k": num_draft_tokens},
                     "num_draft_tokens": num_draft_tokens},
         "scheduled": scheduled,  # Algorithm 1

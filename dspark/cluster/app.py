@@ -65,10 +65,11 @@ class SpecDecodeServer:
         arms = [Arm(a.name, a.weight) for a in cfg.ab_arms] or None
         return build_fastapi(lambda: self.engine, cfg.model_name or cfg.target,
                              keys=KeyRing.from_config(cfg.api_key_sha256, cfg.admin_api_key_sha256),
-                             admission=Admission(cfg.capacity, cfg.max_queued_requests),
+                             admission=({a.name: Admission(cfg.arm_config(a).capacity, cfg.max_queued_requests)
+                                         for a in cfg.ab_arms} or Admission(cfg.capacity, cfg.max_queued_requests)),
                              max_body_bytes=cfg.max_body_bytes, arms=arms,
                              arm_engines={name: (lambda e=e: e) for name, e in self.arm_engines.items()} or None,
-                             request_log=Path(cfg.request_log) if cfg.request_log else None,
+                             request_log=Path(cfg.request_log).expanduser() if cfg.request_log else None,
                              metrics=({a.name: cfg.arm_config(a).metrics("ingress", self.replica) for a in cfg.ab_arms}
                                       or {"default": cfg.metrics("ingress", self.replica)}),
                              metrics_text=cluster_metrics_text)
@@ -101,5 +102,7 @@ def build_app(args: dict[str, Any]) -> serve.Application:
         actor_options["num_gpus"] = config.num_gpus_per_replica
     deployment = SpecDecodeServer.options(num_replicas=config.num_replicas,
                                           max_ongoing_requests=config.max_ongoing_requests,
+                                          # past this many waiting in Serve's proxy, Serve itself answers 503
+                                          max_queued_requests=config.max_ongoing_requests,
                                           ray_actor_options=actor_options)
     return deployment.bind(config)

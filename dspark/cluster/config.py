@@ -90,9 +90,9 @@ class ServeAppConfig(BaseModel):
                                 "(the ingress only routes there).")
     num_gpus_per_replica: float = Field(0.0, ge=0, description="Ray GPUs reserved per replica.")
     max_ongoing_requests: int | None = Field(
-        None, ge=1, description="Requests Serve lets into a replica; null: the admission limit "
-                                "(capacity + max_queued_requests) plus 256, so the replica itself answers "
-                                "overload with 429 rather than Serve's proxy queueing it.")
+        None, ge=1, description="Requests Serve lets into a replica; null: 16x the admission limit (capacity + "
+                                "max_queued_requests, per arm) plus 256, so the replica itself answers overload "
+                                "with 429 + Retry-After in microseconds rather than Serve's proxy queueing it.")
 
     mode: Literal["inline", "colocated", "decoupled"] = Field(
         "inline", description="inline: engine in the Serve replica; colocated: VerifyWorker pool with "
@@ -181,7 +181,8 @@ class ServeAppConfig(BaseModel):
         if self.max_ongoing_requests is None:
             # room past the admission limit, so an overloaded replica answers 429 at once instead of
             # Serve's proxy queueing the excess where no one refuses it
-            self.max_ongoing_requests = max(2 * self.max_num_seqs, self.capacity + self.max_queued_requests) + 256
+            limit = self.capacity + self.max_queued_requests * max(1, len(self.ab_arms))
+            self.max_ongoing_requests = 16 * max(2 * self.max_num_seqs, limit) + 256
         return self
 
     def engine_config(self, num_threads: int | None = None) -> EngineConfig:

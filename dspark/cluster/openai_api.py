@@ -375,7 +375,8 @@ def _encode_prompt(tokenizer: Any, body: CompletionRequest) -> list[int]:
 
 
 def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str, keys: KeyRing | None = None,
-                  admission: Admission | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                  admission: Admission | dict[str, Admission] | None = None,
+                  max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                   arm_engines: dict[str, Callable[[], GenerateEngine]] | None = None,
                   arms: list[Arm] | None = None, request_log: Path | None = None,
                   metrics: dict[str, Metrics] | None = None,
@@ -419,9 +420,10 @@ def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str, key
         client gone) gives it back."""
         check_model(body.model)
         arm = pick_arm(body, request)
-        if admission is not None and not admission.try_enter():
+        adm = admission.get(arm) if isinstance(admission, dict) else admission  # a bounded queue per arm
+        if adm is not None and not adm.try_enter():
             raise ApiError(429, "the server is at capacity; retry later", type_="rate_limit_error",
-                           code="overloaded", headers={"Retry-After": str(admission.retry_after_s())})
+                           code="overloaded", headers={"Retry-After": str(adm.retry_after_s())})
         record = _RequestRecord(arm, _request_id(request), time.time(), time.perf_counter(), log_file,
                                 metrics.get(arm) if metrics else None)
         try:
@@ -430,12 +432,12 @@ def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str, key
             stream = TextStream(engine.tokenizer, body.stop_list())
             gen, first = await _start(engine, prompt_ids, body.sampling_params())
         except BaseException:
-            if admission is not None:
-                admission.leave()
+            if adm is not None:
+                adm.leave()
             raise
         record.first_s = record.last_s = time.perf_counter()
         record.num_prompt_tokens = len(prompt_ids)
-        return prompt_ids, stream, _released(gen, admission), first, record
+        return prompt_ids, stream, _released(gen, adm), first, record
 
     @app.get("/health")
     async def health() -> dict[str, str]:
