@@ -81,6 +81,11 @@ class ClusterScheduler:
         self.num_reports += 1
         return decision
 
+    def forget(self, worker_id: str) -> None:
+        """A worker that left: its reports no longer count."""
+        for table in (self.loads, self.sps, self.decisions, self.pending):
+            table.pop(worker_id, None)
+
     # ---- placement -------------------------------------------------------------------------------
     def place(self, request_id: str, worker_ids: list[str]) -> str:
         """The verify worker (one of `worker_ids`) that gains the most expected tokens/s from this request."""

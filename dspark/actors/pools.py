@@ -62,7 +62,10 @@ def start_pools(config: ServeAppConfig, timeout_s: float = 900.0) -> Pools:
     scheduler = get_or_create_scheduler(f"{name}-scheduler", ACTOR_NAMESPACE,
                                         {"model_name": config.model_name or config.target, "arm": config.arm_name,
                                          "replica": f"{name}-scheduler"})
-    common = {"namespace": ACTOR_NAMESPACE, "get_if_exists": True}
+    # a killed worker is restarted by Ray (its process, its model); the ingress re-pairs it and, meanwhile,
+    # resumes the dead one's requests elsewhere (cluster_engine.py). Calls are never retried by Ray: a
+    # stream that broke is resumed from its committed tokens by the ingress, not replayed
+    common = {"namespace": ACTOR_NAMESPACE, "get_if_exists": True, "max_restarts": -1, "max_task_retries": 0}
     verify = {f"{name}-verify-{i}": VerifyWorkerActor.options(
         name=f"{name}-verify-{i}", **common, **config.verify_worker.actor_options()
     ).remote(f"{name}-verify-{i}", config) for i in range(config.num_verify_workers)}

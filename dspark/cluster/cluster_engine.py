@@ -9,7 +9,10 @@ a 400 without a round trip.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import threading
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,12 +20,16 @@ from typing import Any
 import ray
 from transformers import AutoConfig, AutoTokenizer
 
-from dspark.actors.pools import Pools, start_pools
+from dspark.actors.pools import Pools, pair, start_pools
 from dspark.cluster.config import ServeAppConfig
 from dspark.models.target import resolve_target_path
+from dspark.verify_service.async_engine import EngineDeadError
 from dspark.verify_service.request import RequestOutput, SamplingParams, validate_request
 
 log = logging.getLogger(__name__)
+
+# how a verify worker's death shows up in its stream (killed, restarting, its node gone)
+WORKER_GONE = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.ObjectLostError)
 
 
 class ClusterEngine:
@@ -42,7 +49,15 @@ class ClusterEngine:
         self.place_timeout_s = place_timeout_s
         self.outstanding = dict.fromkeys(self.pools.verify, 0)
         self.num_fallback_placements = 0
+        self.num_resumed = 0  # requests resumed on another verify worker after theirs died
+        self.num_worker_failures = 0
+        self.num_repairs = 0
+        self.down: dict[str, float] = {}  # verify workers not to place on (dead or restarting), since when
+        self.heal_interval_s = 1.0
+        self._draft_pids = {did: self.pools.info[did]["pid"] for did in self.pools.draft}
+        self._is_shut_down = False
         self._error: str | None = None
+        threading.Thread(target=self._heal_loop, name="dspark-healer", daemon=True).start()
 
     @property
     def tokenizer(self) -> Any:
@@ -57,36 +72,120 @@ class ClusterEngine:
         validate_request(prompt_ids, params, self.config.num_draft_tokens, self.config.max_model_len,
                          self.vocab_size)
 
+    def available(self) -> list[str]:
+        return [w for w in self.pools.verify if w not in self.down]
+
     async def place(self, request_id: str) -> str:
-        workers = list(self.pools.verify)
+        workers = self.available()
+        if not workers:
+            raise EngineDeadError("no verify worker is available")
         try:
-            return await asyncio.wait_for(self.pools.scheduler.place.remote(request_id, workers),
-                                          timeout=self.place_timeout_s)
+            worker = await asyncio.wait_for(self.pools.scheduler.place.remote(request_id, workers),
+                                            timeout=self.place_timeout_s)
+            if worker in workers:
+                return worker
         except Exception as exc:  # noqa: BLE001 - scheduler down or restarting: place locally
-            self.num_fallback_placements += 1
             log.warning("scheduler did not place %s (%r): least-loaded fallback", request_id, exc)
-            return min(workers, key=lambda w: self.outstanding[w])
+        self.num_fallback_placements += 1
+        return min(workers, key=lambda w: self.outstanding[w])
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams,
                        request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream one request from the verify worker the scheduler picks. If that worker dies, the request
+        resumes on another one from its prompt plus the tokens already streamed (the target conditioned on
+        the same prefix: lossless; nothing the client has seen is sent again)."""
         self.validate(prompt_ids, params)
         rid = request_id or f"req-{uuid.uuid4().hex}"
-        worker_id = await self.place(rid)
-        self.outstanding[worker_id] += 1
-        stream = self.pools.verify[worker_id].generate.options(num_returns="streaming").remote(
-            prompt_ids, params, rid)
-        finished = False
-        try:
-            async for ref in stream:
-                out: RequestOutput = await ref
-                yield out
-                if out.is_finished:
-                    finished = True
-                    return
-        finally:
-            self.outstanding[worker_id] -= 1
-            if not finished:  # client gone: cancel the worker-side generator, which aborts the request
-                ray.cancel(stream)
+        emitted: list[int] = []
+        base_verified = base_accepted = 0
+        for attempt in range(len(self.pools.verify) + 2):
+            worker_id = await self.place(rid)
+            resumed = params if not emitted else dataclasses.replace(
+                params, max_tokens=params.max_tokens - len(emitted),
+                seed=None if params.seed is None else params.seed + len(emitted))
+            self.outstanding[worker_id] += 1
+            stream = self.pools.verify[worker_id].generate.options(num_returns="streaming").remote(
+                prompt_ids + emitted, resumed, rid if attempt == 0 else f"{rid}-r{attempt}")
+            finished = failed = False
+            last: RequestOutput | None = None
+            try:
+                async for ref in stream:
+                    out: RequestOutput = await ref
+                    last = out
+                    emitted += out.new_token_ids
+                    yield dataclasses.replace(
+                        out, request_id=rid, num_prompt_tokens=len(prompt_ids),
+                        output_ids=list(emitted) if out.is_finished else out.output_ids,
+                        num_verified=base_verified + out.num_verified, num_accepted=base_accepted + out.num_accepted)
+                    if out.is_finished:
+                        finished = True
+                        return
+                failed = True  # the stream ended without a finished output: its worker is gone
+            except WORKER_GONE as exc:
+                failed = True
+                log.warning("verify worker %s died under request %s (%d tokens streamed): resuming elsewhere (%r)",
+                            worker_id, rid, len(emitted), exc)
+            finally:
+                self.outstanding[worker_id] -= 1
+                if not finished and not failed:  # client gone: cancel the worker-side generator (aborts it)
+                    ray.cancel(stream)
+            self.mark_down(worker_id)
+            self.num_resumed += 1
+            if last is not None:
+                base_verified += last.num_verified
+                base_accepted += last.num_accepted
+            if len(emitted) >= params.max_tokens:
+                yield RequestOutput(rid, [], list(emitted), True, "length", len(prompt_ids), base_verified,
+                                    base_accepted)
+                return
+        raise EngineDeadError(f"request {rid}: no verify worker could finish it")
+
+    # ---- healing -------------------------------------------------------------------------------------
+    def mark_down(self, worker_id: str) -> None:
+        if worker_id not in self.down:
+            self.down[worker_id] = time.monotonic()
+            self.num_worker_failures += 1
+
+    def _heal_loop(self) -> None:
+        """Daemon thread: brings restarted verify workers back (re-paired), re-pairs verify workers whose
+        draft worker was replaced. Ray restarts dead workers (max_restarts); this reconnects them."""
+        while not self._is_shut_down:
+            try:
+                self._heal_once()
+            except Exception:  # noqa: BLE001 - the healer must outlive anything it meets
+                log.exception("pool healer pass failed")
+            time.sleep(self.heal_interval_s)
+
+    def _heal_once(self) -> None:
+        decoupled = self.config.mode == "decoupled"
+        for vid, handle in self.pools.verify.items():
+            try:
+                state = ray.get(handle.pair_state.remote(), timeout=5)
+            except Exception:  # noqa: BLE001 - dead, or restarting
+                self.mark_down(vid)
+                continue
+            did = self.pools.pairs.get(vid)
+            if decoupled and did is not None and not state["reconnect_pending"]:
+                draft = self.pools.draft[did]
+                try:
+                    info = ray.get(draft.ready.remote(), timeout=5)
+                except Exception:  # noqa: BLE001 - the draft worker is not back yet: next pass
+                    info = None
+                # a restarted draft worker (new pid) must be re-paired even before the verify side notices
+                replaced = info is not None and info["pid"] != self._draft_pids.get(did)
+                if info is not None and (not state["is_serving"] or state["draft_broken"] or replaced):
+                    try:
+                        pair(handle, draft, did, info["hidden_layers"], self.config.transport, timeout_s=60)
+                    except Exception as exc:  # noqa: BLE001 - try again next pass
+                        log.info("re-pairing %s with %s failed for now: %r", vid, did, exc)
+                        continue
+                    self._draft_pids[did] = info["pid"]
+                    self.num_repairs += 1
+                    log.info("re-paired %s with %s", vid, did)
+                    continue  # serving (or switched over) from the next pass on
+            if vid in self.down and state["is_serving"] and not state["reconnect_pending"]:
+                log.info("verify worker %s is back after %.1f s", vid, time.monotonic() - self.down[vid])
+                del self.down[vid]
 
     def stats(self) -> dict[str, Any]:
         """Per-worker timelines and the scheduler's decisions, for `/v1/dspark/stats` and the benchmark."""
@@ -94,6 +193,8 @@ class ClusterEngine:
         refs = {wid: h.stats.remote() for wid, h in handles.items()}
         out: dict[str, Any] = {"mode": self.config.mode, "transport": self.config.transport,
                                "pairs": self.pools.pairs, "num_fallback_placements": self.num_fallback_placements,
+                               "num_resumed": self.num_resumed, "num_worker_failures": self.num_worker_failures,
+                               "num_repairs": self.num_repairs, "down": sorted(self.down),
                                "nodes": {w: i["node_id"] for w, i in self.pools.info.items()}, "workers": {}}
         for wid, ref in refs.items():
             try:
@@ -107,5 +208,6 @@ class ClusterEngine:
         return out
 
     def shutdown(self) -> None:
+        self._is_shut_down = True
         for h in self.pools.verify.values():
             h.shutdown.remote()

@@ -14,6 +14,7 @@ nothing, so the engine takes plain target steps — lossless by construction —
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import deque
@@ -84,6 +85,7 @@ class RemoteDrafter:
         self._last_send_s = time.monotonic()
         self.total_transport_ms = 0.0  # every round's transport_ms and every push, since the start
         self.error: str | None = None  # why the channel broke; None while it works
+        self._void_below = 0  # rounds with a lower seq were sent to a peer that is gone: no reply comes
 
     @property
     def is_broken(self) -> bool:
@@ -100,6 +102,19 @@ class RemoteDrafter:
             self.channel.close()
         except Exception:  # noqa: BLE001 - already broken
             pass
+
+    def reconnect(self, channel: Channel) -> None:
+        """Continue on a new channel (a replaced draft worker), on the engine thread between steps. The new
+        peer starts without context: each request's tokens go again in full, and its features from now on
+        (a request that began before drafts from that shorter context; verification keeps it lossless)."""
+        with contextlib.suppress(Exception):
+            self.channel.close()
+        self.channel = channel
+        self.error = None
+        self._state.clear()
+        self._released.clear()
+        self._void_below = self._seq
+        self._last_send_s = time.monotonic()
 
     # ---- FeatureDrafter -------------------------------------------------------------------------
     def observe(self, request_id: str, features: torch.Tensor) -> None:
@@ -153,12 +168,15 @@ class RemoteDrafter:
         self.total_transport_ms += self.push_ms[-1]
         self._seq += 1
 
-    def keepalive(self, max_silence_s: float | None = None) -> bool:
+    def keepalive(self, max_silence_s: float | None = None, flush_released: bool = False) -> bool:
         """An empty one-way push if nothing was sent for `max_silence_s` (default `keepalive_s`): the draft
         worker blocks in a receive that times out (the pair's gloo timeout) when its verify worker is
-        idle, or is not drafting, for longer. True when one was sent."""
+        idle, or is not drafting, for longer. With `flush_released` (an idle engine), also when finished
+        requests wait to be announced, so their draft contexts are freed now. True when one was sent."""
         silence = self.keepalive_s if max_silence_s is None else max_silence_s
-        if self.is_broken or not self.can_push or time.monotonic() - self._last_send_s < silence:
+        if self.is_broken or not self.can_push:
+            return False
+        if not (flush_released and self._released) and time.monotonic() - self._last_send_s < silence:
             return False
         self.push([])
         return True
@@ -189,7 +207,7 @@ class RemoteDrafter:
     def collect(self) -> DraftOutput:
         """The reply to the oldest `submit`, aligned with the requests it was sent for."""
         seq, ids, span = self._in_flight.popleft()
-        if self.is_broken:
+        if self.is_broken or seq < self._void_below:
             return DraftOutput(tokens=[[] for _ in ids])  # nothing to verify: plain target steps
         span.collect_start_s = time.time()
         try:

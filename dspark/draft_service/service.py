@@ -86,6 +86,14 @@ class DraftService:
         out = self.drafter.propose(batch, message["max_num_tokens"])
         return {"tokens": out.tokens, "probs": out.probs, "confidences": out.confidences}
 
+    def reset(self) -> None:
+        """Forget every request's context (its verify partner is gone: those requests never come back)."""
+        with self._lock:
+            if self.drafter is not None:
+                for rid in list(self._tokens):
+                    self.drafter.release(rid)
+            self._tokens.clear()
+
     @property
     def num_requests(self) -> int:
         return len(self._tokens)

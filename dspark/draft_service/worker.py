@@ -48,16 +48,21 @@ class DraftWorker:
                 "pid": os.getpid(), "hidden_layers": list(self.service.hidden_layers)}
 
     def pair_gloo(self, host: str, port: int) -> None:
-        """Join the verify worker's two-rank group (blocks until it joins too) and start answering."""
-        self.channel = GlooChannel(host, port, 1)
-        self._thread = threading.Thread(target=self._serve, name="dspark-draft", daemon=True)
+        """Join the verify worker's two-rank group (blocks until it joins too) and start answering. A
+        re-pair (the verify side restarted, or this worker did) starts from no draft context."""
+        if self.channel is not None:
+            self.service.reset()
+            self.error = None
+        channel = self.channel = GlooChannel(host, port, 1)
+        self._thread = threading.Thread(target=self._serve, args=(channel,), name="dspark-draft", daemon=True)
         self._thread.start()
 
-    def _serve(self) -> None:
+    def _serve(self, channel: GlooChannel) -> None:
         try:
-            serve_channel(self.channel, self.service)
+            serve_channel(channel, self.service)
         except Exception as exc:  # noqa: BLE001 - surfaced through stats() and is_alive()
-            self.error = repr(exc)
+            if channel is self.channel:  # not a link this worker has already replaced
+                self.error = repr(exc)
 
     def handle(self, message: dict[str, Any]) -> dict[str, Any]:
         """The Ray-transport path: one message in, its reply out."""

@@ -73,6 +73,10 @@ class AsyncEngine:
                     self._aborts.append(rid)
             self._wake.set()
 
+    def wake(self) -> None:
+        """Run the idle hooks now rather than at the next 0.5 s tick."""
+        self._wake.set()
+
     @property
     def is_alive(self) -> bool:
         return self._error is None and self._thread.is_alive()

@@ -86,14 +86,15 @@ class PipelinedEngine(Engine):
                 self._collect(group, [])
         self._release_finished()
         self._submit(group, [r for r in running if r.micro_batch == group and not r.is_finished])
-        self.keepalive()
+        self.keepalive(is_idle=False)
         return outputs
 
-    def keepalive(self) -> None:
-        """Called every step and while idle: a remote drafter's link must not sit silent past its timeout."""
+    def keepalive(self, is_idle: bool = True) -> None:
+        """Called every step and while idle: a remote drafter's link must not sit silent past its timeout;
+        idle, the draft side also learns at once which requests finished (their contexts are freed)."""
         rounds: Any = self._rounds
         if hasattr(rounds, "keepalive"):
-            rounds.keepalive()
+            rounds.keepalive(flush_released=is_idle)
 
     def _admit(self) -> list[RequestOutput]:
         sizes = [0] * self.num_micro_batches

@@ -58,6 +58,7 @@ class VerifyWorker:
         self.draft_worker: str | None = None
         self.channel: GlooChannel | RayChannel | None = None
         self._pending_channel: tuple[str, int] | None = None
+        self._reconnect: tuple[str, GlooChannel] | None = None
         self._sent_profile = False
         self.async_engine: AsyncEngine | None = None
         self.engine_metrics = EngineMetrics(config.metrics("verify", worker_id))
@@ -79,7 +80,32 @@ class VerifyWorker:
             raise RuntimeError("call channel_address first")
         host, port = self._pending_channel
         channel = await asyncio.to_thread(GlooChannel, host, port, 0)
+        if self.async_engine is not None and isinstance(self.engine.drafter, RemoteDrafter):
+            # serving already (the draft partner was replaced): the engine thread switches between steps
+            self._reconnect = (draft_worker, channel)
+            self.async_engine.wake()
+            return
         self._attach(draft_worker, channel, hidden_layers)
+
+    def pair_state(self) -> dict[str, Any]:
+        """Whether this worker serves, and whether its draft link is broken (for the ingress's healer)."""
+        drafter = self.engine.drafter
+        return {"is_serving": self.async_engine is not None, "paired_with": self.draft_worker,
+                "draft_broken": isinstance(drafter, RemoteDrafter) and drafter.is_broken,
+                "reconnect_pending": self._reconnect is not None}
+
+    def _apply_reconnect(self) -> None:
+        """On the engine thread: swap the broken draft link for the new one."""
+        if self._reconnect is None:
+            return
+        draft_worker, channel = self._reconnect
+        self._reconnect = None
+        old = self.channel
+        self.channel, self.draft_worker = channel, draft_worker
+        drafter = self.engine.drafter
+        if isinstance(drafter, RemoteDrafter):
+            drafter.reconnect(channel)
+        log.info("%s re-paired with %s (was %s)", self.worker_id, draft_worker, old)
 
     def pair_ray(self, draft_worker: str, draft_handle: Any, hidden_layers: list[int]) -> None:
         self._attach(draft_worker, RayChannel(draft_handle), hidden_layers)
@@ -92,8 +118,11 @@ class VerifyWorker:
         self._start()
 
     def _start(self) -> None:
-        self.async_engine = AsyncEngine(self.engine, on_step=self._after_step,
-                                        on_idle=lambda: self.engine_metrics.after_step(self.engine))
+        self.async_engine = AsyncEngine(self.engine, on_step=self._after_step, on_idle=self._on_idle)
+
+    def _on_idle(self) -> None:
+        self._apply_reconnect()
+        self.engine_metrics.after_step(self.engine)
 
     # ---- serving ---------------------------------------------------------------------------------
     async def generate(self, prompt_ids: list[int], params: SamplingParams,
@@ -108,6 +137,7 @@ class VerifyWorker:
 
     # ---- scheduler exchange (engine thread) -------------------------------------------------------
     def _after_step(self) -> None:
+        self._apply_reconnect()
         self.engine_metrics.after_step(self.engine)
         decision = self.scheduler_client.poll()
         if decision is not None and self.capacity is not None:
