@@ -307,6 +307,40 @@ def bench_batching_cmd(target: str = TARGET, device: str = DEVICE, dtype: str | 
     _emit(bench_batching(load_target(target, device, dtype)), out)
 
 
+@bench_app.command("chaos")
+def bench_chaos_cmd(
+    config: Path = typer.Option(Path("configs/serve.yaml"), help="Serve config whose first application's args "
+                                "are the base (A/B arms dropped: one cluster of 2 verify + 2 draft workers)."),
+    scenarios: str = typer.Option("draft,verify,scheduler,draft+verify", help="Faults, one at a time."),
+    num_requests: int = typer.Option(8, min=1), max_tokens: int = typer.Option(64, min=1),
+    kill_after_s: float = typer.Option(2.0, min=0.0, help="Seconds into the load at which the SIGKILL lands."),
+    set_: list[str] = typer.Option([], "--set", help="KEY=VALUE override of the application's args."),
+    out: Path | None = typer.Option(None, help="Also write the JSON here."),
+) -> None:
+    """kill -9 workers under bounded load: requests lost, outputs changed, time to recover, leaks; JSON last."""
+    import yaml
+
+    from dspark.bench.chaos import run_chaos
+    from dspark.bench.overload import load_serve_args
+    from dspark.bench.prompts import load_turns
+
+    try:
+        args = load_serve_args(config)
+        args.pop("ab_arms", None)
+        args.pop("request_log", None)
+        for item in set_:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+            args[key.strip()] = yaml.safe_load(value)
+        prompts = [t for t in load_turns("gsm8k", num_requests)][:num_requests]
+        res = run_chaos(args, prompts, max_tokens, [s for s in scenarios.split(",") if s], kill_after_s)
+    except (OSError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    _emit(res, out)
+
+
 @bench_app.command("overload")
 def bench_overload_cmd(
     config: Path = typer.Option(Path("configs/serve.yaml"), help="Serve config whose first application is run."),

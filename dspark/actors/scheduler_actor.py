@@ -9,6 +9,7 @@ Algorithm 1 until answers come back; state is rebuilt from the next reports, so 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -45,6 +46,9 @@ class SchedulerActor:
 
     def ping(self) -> float:
         return self.scheduler.started_s
+
+    def pid(self) -> int:
+        return os.getpid()
 
 
 def get_or_create_scheduler(name: str, namespace: str | None = None, labels: dict[str, str] | None = None) -> Any:

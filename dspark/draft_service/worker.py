@@ -70,6 +70,9 @@ class DraftWorker:
             return {"kind": "pong", "seq": message.get("seq"), "payload": message.get("payload")}
         return self.service.handle(message)
 
+    def pid(self) -> int:
+        return os.getpid()
+
     def is_alive(self) -> bool:
         return self.error is None and (self._thread is None or self._thread.is_alive())
 

@@ -132,6 +132,9 @@ class VerifyWorker:
         async for out in self.async_engine.generate(prompt_ids, params, request_id):
             yield out
 
+    def pid(self) -> int:
+        return os.getpid()
+
     def is_alive(self) -> bool:
         return self.async_engine is not None and self.async_engine.is_alive
 
