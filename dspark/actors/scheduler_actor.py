@@ -16,6 +16,7 @@ from typing import Any
 import ray
 
 from dspark.actors.cluster_scheduler import CapacityDecision, ClusterScheduler, WorkerLoad
+from dspark.actors.registry import Registry
 from dspark.cluster.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 class SchedulerActor:
     def __init__(self, labels: dict[str, str] | None = None) -> None:
         self.scheduler = ClusterScheduler()
+        self.registry = Registry()
         lab = labels or {}
         self.metrics = Metrics(lab.get("model_name", ""), lab.get("arm", "default"), "scheduler",
                                lab.get("replica", "scheduler"))
@@ -42,7 +44,22 @@ class SchedulerActor:
         return worker
 
     def snapshot(self) -> dict[str, Any]:
-        return self.scheduler.snapshot()
+        return {**self.scheduler.snapshot(), "replicas": self.registry.snapshot()}
+
+    # ---- the Serve pools' membership (see registry.py) ---------------------------------------------
+    def heartbeat(self, pool: str, replica_id: str, info: dict[str, Any] | None = None,
+                  is_draining: bool = False) -> None:
+        self.registry.heartbeat(pool, replica_id, info, is_draining)
+
+    def leave(self, replica_id: str) -> None:
+        self.registry.leave(replica_id)
+        self.scheduler.forget(replica_id)
+
+    def live(self, pool: str) -> list[str]:
+        return self.registry.live(pool)
+
+    def assign_draft(self, verify_id: str, exclude: list[str] | None = None) -> str | None:
+        return self.registry.assign_draft(verify_id, tuple(exclude or ()))
 
     def ping(self) -> float:
         return self.scheduler.started_s

@@ -9,7 +9,6 @@ a 400 without a round trip.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import threading
 import time
@@ -22,14 +21,12 @@ from transformers import AutoConfig, AutoTokenizer
 
 from dspark.actors.pools import Pools, pair, start_pools
 from dspark.cluster.config import ServeAppConfig
+from dspark.cluster.resume import OpenedStream, resuming_stream
 from dspark.models.target import resolve_target_path
 from dspark.verify_service.async_engine import EngineDeadError
 from dspark.verify_service.request import RequestOutput, SamplingParams, validate_request
 
 log = logging.getLogger(__name__)
-
-# how a verify worker's death shows up in its stream (killed, restarting, its node gone)
-WORKER_GONE = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.ObjectLostError)
 
 
 class ClusterEngine:
@@ -91,54 +88,32 @@ class ClusterEngine:
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams,
                        request_id: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Stream one request from the verify worker the scheduler picks. If that worker dies, the request
-        resumes on another one from its prompt plus the tokens already streamed (the target conditioned on
-        the same prefix: lossless; nothing the client has seen is sent again)."""
+        """Stream one request from the verify worker the scheduler picks; if that worker dies, it resumes on
+        another one (resume.py)."""
         self.validate(prompt_ids, params)
         rid = request_id or f"req-{uuid.uuid4().hex}"
-        emitted: list[int] = []
-        base_verified = base_accepted = 0
-        for attempt in range(len(self.pools.verify) + 2):
-            worker_id = await self.place(rid)
-            resumed = params if not emitted else dataclasses.replace(
-                params, max_tokens=params.max_tokens - len(emitted),
-                seed=None if params.seed is None else params.seed + len(emitted))
-            self.outstanding[worker_id] += 1
-            stream = self.pools.verify[worker_id].generate.options(num_returns="streaming").remote(
-                prompt_ids + emitted, resumed, rid if attempt == 0 else f"{rid}-r{attempt}")
-            finished = failed = False
-            last: RequestOutput | None = None
-            try:
-                async for ref in stream:
-                    out: RequestOutput = await ref
-                    last = out
-                    emitted += out.new_token_ids
-                    yield dataclasses.replace(
-                        out, request_id=rid, num_prompt_tokens=len(prompt_ids),
-                        output_ids=list(emitted) if out.is_finished else out.output_ids,
-                        num_verified=base_verified + out.num_verified, num_accepted=base_accepted + out.num_accepted)
-                    if out.is_finished:
-                        finished = True
-                        return
-                failed = True  # the stream ended without a finished output: its worker is gone
-            except WORKER_GONE as exc:
-                failed = True
-                log.warning("verify worker %s died under request %s (%d tokens streamed): resuming elsewhere (%r)",
-                            worker_id, rid, len(emitted), exc)
-            finally:
-                self.outstanding[worker_id] -= 1
-                if not finished and not failed:  # client gone: cancel the worker-side generator (aborts it)
-                    ray.cancel(stream)
+
+        def failed(worker_id: str) -> None:
             self.mark_down(worker_id)
             self.num_resumed += 1
-            if last is not None:
-                base_verified += last.num_verified
-                base_accepted += last.num_accepted
-            if len(emitted) >= params.max_tokens:
-                yield RequestOutput(rid, [], list(emitted), True, "length", len(prompt_ids), base_verified,
-                                    base_accepted)
-                return
-        raise EngineDeadError(f"request {rid}: no verify worker could finish it")
+
+        async for out in resuming_stream(self._open, prompt_ids, params, rid, len(self.pools.verify) + 2, failed):
+            yield out
+
+    async def _open(self, prompt_ids: list[int], params: SamplingParams, rid: str) -> OpenedStream:
+        worker_id = await self.place(rid)
+        stream = self.pools.verify[worker_id].generate.options(num_returns="streaming").remote(
+            prompt_ids, params, rid)
+
+        async def outputs() -> AsyncIterator[RequestOutput]:
+            self.outstanding[worker_id] += 1
+            try:
+                async for ref in stream:
+                    yield await ref
+            finally:
+                self.outstanding[worker_id] -= 1
+
+        return OpenedStream(outputs(), lambda: ray.cancel(stream), worker_id)
 
     # ---- healing -------------------------------------------------------------------------------------
     def mark_down(self, worker_id: str) -> None:

@@ -97,6 +97,18 @@ class ServeAppConfig(BaseModel):
     mode: Literal["inline", "colocated", "decoupled"] = Field(
         "inline", description="inline: engine in the Serve replica; colocated: VerifyWorker pool with "
                               "in-process drafters; decoupled: separate VerifyWorker and DraftWorker pools.")
+    pools: Literal["actors", "serve"] = Field(
+        "actors", description="How the pool modes run their workers: named Ray actors started by the ingress, "
+                              "or Ray Serve deployments `<arm>-verify` / `<arm>-draft` (Serve scales and heals "
+                              "them; `serve status` lists them).")
+    verify_autoscaling: dict[str, Any] | None = Field(
+        None, description="pools: serve: the verify deployment's Serve `autoscaling_config` (min_replicas, "
+                          "max_replicas, ...); null: num_verify_workers fixed replicas.")
+    draft_autoscaling: dict[str, Any] | None = Field(
+        None, description="pools: serve: the draft deployment's Serve `autoscaling_config`; null: "
+                          "num_draft_workers fixed replicas.")
+    drain_timeout_s: float = Field(120.0, gt=0, description="pools: serve: how long a replica being removed "
+                                   "may take to finish its requests (Serve's graceful_shutdown_timeout_s).")
     num_verify_workers: int = Field(1, ge=1, description="VerifyWorker actors (pool modes).")
     num_draft_workers: int = Field(1, ge=1, description="DraftWorker actors (decoupled; paired 1:1 with verifiers).")
     verify_worker: WorkerResources = Field(default_factory=WorkerResources, description="Per VerifyWorker.")
@@ -163,7 +175,7 @@ class ServeAppConfig(BaseModel):
             raise ValueError(f"unknown scheduler {self.scheduler!r}")
         if self.scheduler == "central" and self.mode == "inline":
             raise ValueError("scheduler 'central' needs mode colocated or decoupled (it is the SchedulerActor's K)")
-        if self.mode == "decoupled" and self.num_draft_workers != self.num_verify_workers:
+        if self.mode == "decoupled" and self.pools == "actors" and self.num_draft_workers != self.num_verify_workers:
             raise ValueError(f"decoupled mode pairs workers 1:1: num_draft_workers ({self.num_draft_workers}) "
                              f"must equal num_verify_workers ({self.num_verify_workers})")
         if self.mode == "decoupled" and self.drafter == "none":

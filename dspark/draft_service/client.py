@@ -87,6 +87,13 @@ class RemoteDrafter:
         self.error: str | None = None  # why the channel broke; None while it works
         self._void_below = 0  # rounds with a lower seq were sent to a peer that is gone: no reply comes
 
+    @classmethod
+    def unpaired(cls, hidden_layers: tuple[int, ...], name: str = "remote") -> RemoteDrafter:
+        """A drafter with no draft worker yet: target-only (empty drafts) until `reconnect`."""
+        drafter = cls(None, hidden_layers, name=name)  # type: ignore[arg-type]
+        drafter.error = "not paired yet"
+        return drafter
+
     @property
     def is_broken(self) -> bool:
         return self.error is not None

@@ -1,0 +1,88 @@
+"""Which verify and draft replicas exist, and who drafts for whom (no Ray).
+
+Replicas of the Serve pools announce themselves with a heartbeat every few seconds; one that stops
+(killed, scaled down, its node gone) drops out after `ttl_s`. All of it is soft state: a restarted
+SchedulerActor knows every live replica again after one heartbeat period. Pairing is M:N: a verify
+replica gets the live draft replica with the fewest verify partners, so one draft replica may serve
+several verify replicas.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+POOLS = ("verify", "draft")
+
+
+@dataclass
+class Member:
+    replica_id: str
+    pool: str
+    last_seen_s: float
+    info: dict[str, Any] = field(default_factory=dict)
+    is_draining: bool = False
+
+
+class Registry:
+    def __init__(self, ttl_s: float = 15.0) -> None:
+        self.ttl_s = ttl_s
+        self.members: dict[str, Member] = {}
+        self.partner: dict[str, str] = {}  # verify replica -> its draft replica
+
+    def heartbeat(self, pool: str, replica_id: str, info: dict[str, Any] | None = None,
+                  is_draining: bool = False, now_s: float | None = None) -> None:
+        if pool not in POOLS:
+            raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
+        now_s = time.time() if now_s is None else now_s
+        m = self.members.get(replica_id)
+        if m is None:
+            self.members[replica_id] = Member(replica_id, pool, now_s, dict(info or {}), is_draining)
+        else:
+            m.last_seen_s, m.is_draining = now_s, is_draining
+            if info:
+                m.info.update(info)
+        partner = (info or {}).get("draft_partner")
+        if pool == "verify" and partner:
+            self.partner[replica_id] = partner
+
+    def leave(self, replica_id: str) -> None:
+        self.members.pop(replica_id, None)
+        self.partner.pop(replica_id, None)
+
+    def live(self, pool: str, now_s: float | None = None, include_draining: bool = False) -> list[str]:
+        now_s = time.time() if now_s is None else now_s
+        for rid in [r for r, m in self.members.items() if now_s - m.last_seen_s > self.ttl_s]:
+            self.leave(rid)
+        return sorted(r for r, m in self.members.items()
+                      if m.pool == pool and (include_draining or not m.is_draining))
+
+    def assign_draft(self, verify_id: str, exclude: tuple[str, ...] = (), max_partners: int = 1,
+                     now_s: float | None = None) -> str | None:
+        """The live draft replica with the fewest verify partners, below `max_partners` (not one of
+        `exclude`, e.g. one that just failed); None when every one is taken."""
+        drafts = [d for d in self.live("draft", now_s) if d not in exclude]
+        counts = {d: 0 for d in drafts}
+        for v, d in self.partner.items():
+            if d in counts and v != verify_id and v in self.members:
+                counts[d] += 1
+        free = [d for d in drafts if counts[d] < max_partners]
+        if not free:
+            self.partner.pop(verify_id, None)
+            return None
+        best = min(free, key=lambda d: (counts[d], d))
+        self.partner[verify_id] = best
+        return best
+
+    def num_unpaired(self, now_s: float | None = None) -> int:
+        """Live verify replicas without a live draft partner."""
+        drafts = set(self.live("draft", now_s))
+        return sum(1 for v in self.live("verify", now_s) if self.partner.get(v) not in drafts)
+
+    def snapshot(self, now_s: float | None = None) -> dict[str, Any]:
+        now_s = time.time() if now_s is None else now_s
+        return {pool: {r: {"age_s": round(now_s - self.members[r].last_seen_s, 2),
+                           "is_draining": self.members[r].is_draining,
+                           **({"draft_partner": self.partner[r]} if r in self.partner else {})}
+                       for r in self.live(pool, now_s, include_draining=True)} for pool in POOLS}
