@@ -71,7 +71,10 @@ class SchedulerActor:
 def get_or_create_scheduler(name: str, namespace: str | None = None, labels: dict[str, str] | None = None) -> Any:
     """The cluster's scheduler actor, created on first use (any process may call this); `labels`: of its
     metrics (model_name, arm)."""
-    return SchedulerActor.options(name=name, namespace=namespace, get_if_exists=True).remote(labels)
+    # detached: its life must not end with the process that happened to create it first (an ingress or a
+    # Serve replica that is later replaced); Ray restarts it if it dies
+    return SchedulerActor.options(name=name, namespace=namespace, get_if_exists=True,
+                                  lifetime="detached").remote(labels)
 
 
 class SchedulerClient:

@@ -31,8 +31,13 @@ from dspark.verify_service.engine import Engine
 log = logging.getLogger(__name__)
 
 
-def make_async_engine(config: ServeAppConfig, replica: str) -> GenerateEngine:
-    """inline: one target + drafter stepping on a thread of this replica; otherwise the worker pools."""
+def make_async_engine(config: ServeAppConfig, replica: str, verify_pool: Any = None) -> GenerateEngine:
+    """inline: one target + drafter stepping on a thread of this replica; otherwise the worker pools (named
+    actors started here, or the Serve verify deployment `verify_pool`)."""
+    if verify_pool is not None:
+        from dspark.cluster.serve_pool_engine import ServePoolEngine
+
+        return ServePoolEngine(config, verify_pool)
     if config.mode == "inline":
         engine = Engine(config.engine_config())
         metrics = EngineMetrics(config.metrics("verify", replica))
@@ -48,14 +53,16 @@ def make_async_engine(config: ServeAppConfig, replica: str) -> GenerateEngine:
 class SpecDecodeServer:
     """One replica: an engine behind the OpenAI-compatible FastAPI app."""
 
-    def __init__(self, config: ServeAppConfig) -> None:
+    def __init__(self, config: ServeAppConfig, verify_pools: dict[str, Any] | None = None) -> None:
         self.config = config
         self.replica = _replica_id()
+        pools = verify_pools or {}
         # one engine (or set of pools) per A/B arm; a single unnamed arm without `ab_arms`
         self.arm_engines: dict[str, GenerateEngine] = {
-            arm.name: make_async_engine(config.arm_config(arm), self.replica) for arm in config.ab_arms}
+            arm.name: make_async_engine(config.arm_config(arm), self.replica, pools.get(arm.name))
+            for arm in config.ab_arms}
         self.engine: GenerateEngine = (next(iter(self.arm_engines.values())) if self.arm_engines
-                                       else make_async_engine(config, self.replica))
+                                       else make_async_engine(config, self.replica, pools.get(config.arm_name)))
         log.info("dspark replica ready: model=%s mode=%s drafter=%s scheduler=%s", config.model_name,
                  config.mode, config.drafter, config.scheduler)
 
@@ -100,9 +107,15 @@ def build_app(args: dict[str, Any]) -> serve.Application:
     actor_options: dict[str, Any] = {"num_cpus": config.num_cpus_per_replica}
     if config.num_gpus_per_replica and config.mode == "inline":
         actor_options["num_gpus"] = config.num_gpus_per_replica
+    pools = None
+    if config.pools == "serve" and config.mode != "inline":  # each arm's pools as Serve deployments
+        from dspark.cluster.serve_pools import pool_deployments
+
+        arms = [config.arm_config(a) for a in config.ab_arms] or [config]
+        pools = {arm.arm_name: pool_deployments(arm) for arm in arms}
     deployment = SpecDecodeServer.options(num_replicas=config.num_replicas,
                                           max_ongoing_requests=config.max_ongoing_requests,
                                           # past this many waiting in Serve's proxy, Serve itself answers 503
                                           max_queued_requests=config.max_ongoing_requests,
                                           ray_actor_options=actor_options)
-    return deployment.bind(config)
+    return deployment.bind(config, pools)

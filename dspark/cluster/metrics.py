@@ -96,6 +96,10 @@ _SPECS = [
     MetricSpec("dspark_scheduler_decision_seconds", "histogram", "SchedulerActor time per decision.",
                ("decision",), buckets=_MS_S),
     MetricSpec("dspark_pool_replicas", "gauge", "Replicas in a pool (as the ingress sees them)."),
+    MetricSpec("dspark_autoscale_decisions_total", "counter", "Autoscaling decisions per pool: up, down, hold.",
+               ("direction", "target_pool")),
+    MetricSpec("dspark_autoscale_target_replicas", "gauge", "The autoscaler's target replicas per pool.",
+               ("target_pool",)),
 ]
 SPECS = {s.name: s for s in _SPECS}
 

@@ -117,10 +117,11 @@ class VerifyReplica(VerifyWorker):
 
     def record_autoscaling_stats(self) -> dict[str, float]:
         eng = self.engine
-        recent = list(eng.stats)[-16:]
+        now = time.time()
+        recent = [s for s in list(eng.stats)[-64:] if now - s.end_s < 5.0]  # an idle replica reports 0
         timings = list(self._timings)[-64:]
         drafter = eng.drafter
-        spans = list(getattr(drafter, "spans", []))[-16:]
+        spans = [s for s in list(getattr(drafter, "spans", []))[-64:] if now - s.collect_end_s < 5.0]
         return {
             "tokens_per_step": sum(s.num_tokens for s in recent) / len(recent) if recent else 0.0,
             "queue_depth": float(len(eng.waiting)),

@@ -1,0 +1,116 @@
+"""The Serve adapter of the pools' autoscaling policy: Ray 2.60's application-level `autoscaling_policy`.
+
+In the serve YAML, under the application:
+
+    autoscaling_policy:
+      policy_function: dspark.autoscale.serve_policy:PoolAutoscaler
+      policy_kwargs: {knee_tokens: 64, ttft_p50_s: 2.0, tpot_p50_s: 0.25, downscale_delay_s: 60}
+
+Serve instantiates `PoolAutoscaler(**policy_kwargs)` once, in its controller, and calls it every tick with
+the context of every deployment that has an `autoscaling_config` (their min/max bounds still apply).
+For each arm it reads the verify deployment `<arm>-verify` and the draft deployment `<arm>-draft`: their
+replicas' `record_autoscaling_stats` (serve_pools.py), aggregated by Serve over `look_back_period_s`, become
+the signals of `policy.py`, which decides each pool on its own signals. The draft pool never drops below
+the verify pool's target (each verify replica drafts with a draft replica of its own). Every decision is
+logged (controller log) and exported: `dspark_autoscale_decisions_total{pool,direction}`,
+`dspark_autoscale_target_replicas{pool}`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from dspark.autoscale.policy import SLA, AutoscalePolicy, DraftSignals, PolicyConfig, PoolLimits, VerifySignals
+from dspark.cluster.metrics import Metrics
+
+log = logging.getLogger("ray.serve")
+
+
+def _mean(values: dict) -> float:
+    return sum(values.values()) / len(values) if values else 0.0
+
+
+def _age_s(ctx: Any, now_s: float) -> float:
+    """Age of the newest custom metric sample of a deployment (a deployment with none is fresh: 0)."""
+    newest = [ts[-1].timestamp for series in (ctx.raw_metrics or {}).values() for ts in series.values() if ts]
+    return max(0.0, now_s - max(newest)) if newest else 0.0
+
+
+class PoolAutoscaler:
+    def __init__(self, knee_tokens: int = 64, ttft_p50_s: float = 2.0, tpot_p50_s: float = 0.25,
+                 max_queue_per_replica: float = 4.0, draft_utilisation_high: float = 0.85,
+                 max_draft_wait_ms: float = 10.0, down_margin: float = 0.7, downscale_delay_s: float = 60.0,
+                 stale_after_s: float = 30.0) -> None:
+        self.config = PolicyConfig(
+            sla=SLA(ttft_p50_s=ttft_p50_s, tpot_p50_s=tpot_p50_s, max_queue_per_replica=max_queue_per_replica),
+            verify=PoolLimits(1, 1 << 20), draft=PoolLimits(1, 1 << 20), knee_tokens=knee_tokens,
+            draft_utilisation_high=draft_utilisation_high, max_draft_wait_ms=max_draft_wait_ms,
+            down_margin=down_margin, downscale_delay_s=downscale_delay_s, stale_after_s=stale_after_s)
+        self.policies: dict[str, AutoscalePolicy] = {}  # per arm: its own hysteresis clocks
+        self.metrics: dict[str, Metrics] = {}
+        self.last: dict[str, dict] = {}
+
+    def __call__(self, ctxs: dict) -> tuple[dict, dict]:
+        now_s = time.time()
+        arms: dict[str, dict[str, Any]] = {}
+        for dep_id, ctx in ctxs.items():
+            arm, _, pool = dep_id.name.rpartition("-")
+            if pool in ("verify", "draft") and arm:
+                arms.setdefault(arm, {})[pool] = (dep_id, ctx)
+        decisions: dict = {}
+        state: dict = {}
+        for arm, pools in arms.items():
+            policy = self.policies.setdefault(arm, AutoscalePolicy(self.config))
+            verify_target = None
+            if "verify" in pools:
+                dep_id, ctx = pools["verify"]
+                d = policy.decide_verify(now_s, self._verify_signals(ctx, now_s), self._pending(ctx))
+                decisions[dep_id] = verify_target = d.target
+                state[dep_id] = self._record(arm, d)
+            if "draft" in pools:
+                dep_id, ctx = pools["draft"]
+                vctx = pools["verify"][1] if "verify" in pools else None
+                d = policy.decide_draft(now_s, self._draft_signals(ctx, vctx, now_s), self._pending(ctx))
+                if verify_target is not None and d.target < verify_target:  # one draft replica per verify one
+                    d.target = verify_target
+                    d.reasons.append(f"at least the verify pool's {verify_target} (1:1 pairing)")
+                decisions[dep_id] = d.target
+                state[dep_id] = self._record(arm, d)
+        return decisions, state
+
+    @staticmethod
+    def _pending(ctx: Any) -> int:
+        """Replicas asked for and not running yet (the policy counts them as present)."""
+        return max(0, int(ctx.target_num_replicas) - int(ctx.current_num_replicas))
+
+    @staticmethod
+    def _verify_signals(ctx: Any, now_s: float) -> VerifySignals:
+        m = ctx.aggregated_metrics or {}
+        return VerifySignals(num_replicas=int(ctx.current_num_replicas),
+                             tokens_per_step=_mean(m.get("tokens_per_step", {})),
+                             queue_depth=sum(m.get("queue_depth", {}).values()),
+                             ttft_p50_s=_mean(m.get("ttft_p50_s", {})), tpot_p50_s=_mean(m.get("tpot_p50_s", {})),
+                             age_s=_age_s(ctx, now_s))
+
+    @staticmethod
+    def _draft_signals(ctx: Any, verify_ctx: Any | None, now_s: float) -> DraftSignals:
+        m = ctx.aggregated_metrics or {}
+        wait = _mean((verify_ctx.aggregated_metrics or {}).get("draft_wait_ms", {})) if verify_ctx else 0.0
+        return DraftSignals(num_replicas=int(ctx.current_num_replicas),
+                            utilisation=_mean(m.get("utilisation", {})), draft_wait_ms=wait, age_s=_age_s(ctx, now_s))
+
+    def _record(self, arm: str, d: Any) -> dict:
+        m = self.metrics.setdefault(arm, Metrics("", arm, "autoscaler", "controller"))
+        direction = "up" if d.target > d.current else "down" if d.target < d.current else "hold"
+        m.inc("dspark_autoscale_decisions_total", 1.0, direction=direction, target_pool=d.pool)
+        m.set("dspark_autoscale_target_replicas", d.target, target_pool=d.pool)
+        key = f"{arm}-{d.pool}"
+        summary = {"current": d.current, "target": d.target, "reasons": list(d.reasons)}
+        before = self.last.get(key)
+        # every change is logged; a hold only when it differs from the last decision's counts (ticks are ~0.1 s)
+        if before is None or (before["current"], before["target"]) != (d.current, d.target):
+            log.info("dspark autoscale %s: %d -> %d (%s)", key, d.current, d.target, "; ".join(d.reasons))
+        self.last[key] = summary
+        return {"last_decision": summary}

@@ -1,0 +1,115 @@
+"""Autoscaling of the Serve pools on a real local Ray cluster (tiny model, decoupled, `pools: serve`), deployed
+the declarative way with the application-level policy (`dspark.autoscale.serve_policy:PoolAutoscaler`): under
+a ramp of load the verify pool goes 1 -> 2 and the draft pool with it, when the load falls it goes back to 1;
+every request across the scale events completes, and the decisions are in the controller log and /metrics."""
+
+from __future__ import annotations
+
+import glob
+import os
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import ray
+from ray import serve
+from ray.serve._private.api import serve_start
+from ray.serve.schema import ServeDeploySchema
+
+from tests.test_cluster_serving import app_args
+from tests.test_serve_http import _free_port, _wait_healthy
+
+NUM_NEW = 48
+
+
+def _running(deployment: str) -> int:
+    try:
+        states = serve.status().applications["dspark"].deployments[deployment].replica_states
+    except KeyError:
+        return 0
+    return int(sum(n for state, n in states.items() if str(getattr(state, "value", state)) == "RUNNING"))
+
+
+class _Load:
+    """`n` closed-loop clients; every response recorded."""
+
+    def __init__(self, client: httpx.Client, n: int) -> None:
+        self.client, self.results, self.stop = client, [], threading.Event()
+        self.threads = [threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(n)]
+        for t in self.threads:
+            t.start()
+
+    def _loop(self, i: int) -> None:
+        while not self.stop.is_set():
+            body = {"model": "tiny", "prompt": [5 + i, 9, 11], "max_tokens": NUM_NEW, "temperature": 0,
+                    "ignore_eos": True, "stream": i % 2 == 0}
+            try:
+                resp = self.client.post("/v1/completions", json=body)
+                ok = resp.status_code == 200 and "error" not in resp.text.replace('"error_', "")
+                self.results.append(ok)
+            except httpx.HTTPError:
+                self.results.append(False)
+
+    def finish(self) -> list[bool]:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=120)
+        return self.results
+
+
+def _wait(cond, timeout_s: float) -> bool:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def test_pools_scale_up_and_down_with_the_load_and_lose_nothing(tiny_target_dir: Path) -> None:
+    args = app_args(tiny_target_dir, pools="serve", cluster_name="dspark-autoscale", max_num_seqs=8,
+                    verify_autoscaling={"min_replicas": 1, "max_replicas": 2},
+                    draft_autoscaling={"min_replicas": 1, "max_replicas": 2})
+    policy = {"policy_function": "dspark.autoscale.serve_policy:PoolAutoscaler",
+              # a tiny model on 2 shared cores: tokens per step is the verify signal that moves; the draft pool
+              # follows its own utilisation and the verify pool (1:1 pairing), not the contended draft wait
+              "policy_kwargs": {"knee_tokens": 4, "downscale_delay_s": 4, "ttft_p50_s": 1e3, "tpot_p50_s": 1e3,
+                                "max_queue_per_replica": 1e3, "max_draft_wait_ms": 1e4}}
+    port = _free_port()
+    for var in ("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"):
+        os.environ.setdefault(var, "60")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        client = serve_start(http_options={"host": "127.0.0.1", "port": port})
+        client.deploy_apps(ServeDeploySchema.model_validate({"applications": [{
+            "name": "dspark", "route_prefix": "/", "import_path": "dspark.cluster.app:build_app", "args": args,
+            "autoscaling_policy": policy}]}))
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as http:
+            _wait_healthy(http, 180)
+            assert _wait(lambda: _running("default-verify") == 1 and _running("default-draft") == 1, 120)
+            heavy = _Load(http, 8)
+            scaled_up = _wait(lambda: _running("default-verify") == 2 and _running("default-draft") == 2, 120)
+            time.sleep(3)  # load on both replicas for a while
+            results = heavy.finish()
+            assert scaled_up, "the verify and draft pools did not reach 2 replicas under load"
+            light = _Load(http, 1)  # a trickle while the pools shrink: the replica that goes drains first
+            scaled_down = _wait(lambda: _running("default-verify") == 1 and _running("default-draft") == 1, 120)
+            time.sleep(2)
+            results += light.finish()
+            assert scaled_down, "the pools did not go back to 1 replica"
+            assert results and all(results), f"{results.count(False)} of {len(results)} requests failed"
+            text = ""
+            for _ in range(30):
+                text = http.get("/metrics").text
+                if 'direction="up"' in text and 'direction="down"' in text:
+                    break
+                time.sleep(1)
+            assert "dspark_autoscale_decisions_total" in text and 'direction="up"' in text
+            assert 'direction="down"' in text
+        logs = "".join(Path(p).read_text(errors="replace") for p in
+                       glob.glob("/tmp/ray/session_latest/logs/serve/controller_*.log"))
+        assert "dspark autoscale default-verify: 1 -> 2" in logs and "dspark autoscale default-verify: 2 -> 1" in logs
+    finally:
+        serve.shutdown()
+        ray.shutdown()
