@@ -26,8 +26,8 @@ class Member:
 
 
 class Registry:
-    def __init__(self, ttl_s: float = 15.0) -> None:
-        self.ttl_s = ttl_s
+    def __init__(self, ttl_s: float = 15.0, partner_stale_s: float = 5.0) -> None:
+        self.ttl_s, self.partner_stale_s = ttl_s, partner_stale_s
         self.members: dict[str, Member] = {}
         self.partner: dict[str, str] = {}  # verify replica -> its draft replica
 
@@ -62,10 +62,13 @@ class Registry:
                      now_s: float | None = None) -> str | None:
         """The live draft replica with the fewest verify partners, below `max_partners` (not one of
         `exclude`, e.g. one that just failed); None when every one is taken."""
+        now_s = time.time() if now_s is None else now_s
         drafts = [d for d in self.live("draft", now_s) if d not in exclude]
         counts = {d: 0 for d in drafts}
         for v, d in self.partner.items():
-            if d in counts and v != verify_id and v in self.members:
+            m = self.members.get(v)
+            # a verify replica silent for a few heartbeats is dead: its draft partner is free again
+            if d in counts and v != verify_id and m is not None and now_s - m.last_seen_s <= self.partner_stale_s:
                 counts[d] += 1
         free = [d for d in drafts if counts[d] < max_partners]
         if not free:
@@ -82,7 +85,7 @@ class Registry:
 
     def snapshot(self, now_s: float | None = None) -> dict[str, Any]:
         now_s = time.time() if now_s is None else now_s
-        return {pool: {r: {"age_s": round(now_s - self.members[r].last_seen_s, 2),
+        return {pool: {r: {**self.members[r].info, "age_s": round(now_s - self.members[r].last_seen_s, 2),
                            "is_draining": self.members[r].is_draining,
                            **({"draft_partner": self.partner[r]} if r in self.partner else {})}
                        for r in self.live(pool, now_s, include_draining=True)} for pool in POOLS}

@@ -44,8 +44,8 @@ def _complete(client: httpx.Client, prompt: str, max_tokens: int, stream: bool) 
 
 
 def _run(client: httpx.Client, prompts: list[str], max_tokens: int, victims: list[int] | None = None,
-         kill_after_s: float = 0.0, min_repairs: int = 0,
-         recover_timeout_s: float = 300.0) -> tuple[list[dict], float, float | None, dict]:
+         kill_after_s: float = 0.0, min_repairs: int = 0, recover_timeout_s: float = 300.0,
+         sizes: dict[str, int] | None = None) -> tuple[list[dict], float, float | None, dict]:
     """The requests at once; with `victims`, SIGKILL them after `kill_after_s` and time, from the kill,
     until the cluster is whole again (polled while the requests still run)."""
     t0 = time.perf_counter()
@@ -56,23 +56,49 @@ def _run(client: httpx.Client, prompts: list[str], max_tokens: int, victims: lis
             time.sleep(kill_after_s)
             for pid in victims:
                 os.kill(pid, signal.SIGKILL)
-            watch = pool.submit(_recovered, client, min_repairs, recover_timeout_s)
+            watch = pool.submit(_recovered, client, min_repairs, recover_timeout_s, sizes, tuple(victims))
         results = [f.result() for f in futures]
         if victims:
             recover_s, stats = watch.result()
     return results, time.perf_counter() - t0, recover_s, stats
 
 
-def _pids(cluster: str, names: tuple[str, ...]) -> list[int]:
+def _pids(client: httpx.Client, cluster: str, names: tuple[str, ...]) -> list[int]:
+    """Process ids of the named victims: `<pool>-<i>` is the i-th worker of the pool (named actors), or the
+    i-th live replica in id order (Serve pools); `scheduler` the SchedulerActor."""
     import ray
 
     from dspark.actors.pools import ACTOR_NAMESPACE
 
-    return [ray.get(ray.get_actor(f"{cluster}-{n}", namespace=ACTOR_NAMESPACE).pid.remote(), timeout=30)
-            for n in names]
+    stats = client.get("/v1/dspark/stats").json()
+    pids = []
+    for n in names:
+        if stats.get("pools") == "serve" and n != "scheduler":
+            pool, _, index = n.rpartition("-")
+            replicas = _live_replicas(stats)[pool]
+            pids.append(replicas[sorted(replicas)[int(index)]]["pid"])
+        else:
+            pids.append(ray.get(ray.get_actor(f"{cluster}-{n}", namespace=ACTOR_NAMESPACE).pid.remote(), timeout=30))
+    return pids
 
 
-def _recovered(client: httpx.Client, min_repairs: int, timeout_s: float) -> tuple[float | None, dict]:
+def _live_replicas(stats: dict, max_age_s: float = 5.0) -> dict[str, dict]:
+    reps = (stats.get("scheduler") or {}).get("replicas") or {}
+    return {pool: {r: v for r, v in reps.get(pool, {}).items() if v["age_s"] <= max_age_s}
+            for pool in ("verify", "draft")}
+
+
+def _serve_whole(stats: dict, sizes: dict[str, int], dead_pids: tuple[int, ...] = ()) -> bool:
+    """Serve pools: as many live replicas as before (the killed ones replaced), every verify replica drafting
+    with a partner."""
+    live = {p: {r: v for r, v in reps.items() if v.get("pid") not in dead_pids}
+            for p, reps in _live_replicas(stats).items()}
+    return (all(len(live[p]) == n for p, n in sizes.items()) and "error" not in stats["scheduler"]
+            and all(not v.get("draft_broken") for v in live["verify"].values()))
+
+
+def _recovered(client: httpx.Client, min_repairs: int, timeout_s: float, sizes: dict[str, int] | None = None,
+               dead_pids: tuple[int, ...] = ()) -> tuple[float | None, dict]:
     t0 = time.perf_counter()
     stats: dict = {}
     time.sleep(0.5)  # let the kill be noticed first
@@ -80,6 +106,11 @@ def _recovered(client: httpx.Client, min_repairs: int, timeout_s: float) -> tupl
         try:
             stats = client.get("/v1/dspark/stats", timeout=30).json()
         except httpx.HTTPError:
+            time.sleep(0.5)
+            continue
+        if stats.get("pools") == "serve":
+            if _serve_whole(stats, sizes or {}, dead_pids):
+                return time.perf_counter() - t0, stats
             time.sleep(0.5)
             continue
         workers = stats["workers"].values()
@@ -94,6 +125,12 @@ def _recovered(client: httpx.Client, min_repairs: int, timeout_s: float) -> tupl
 
 def _held(stats: dict) -> dict[str, int]:
     out = {"kv_slots": 0, "waiting": 0, "draft_contexts": 0}
+    if stats.get("pools") == "serve":
+        live = _live_replicas(stats)
+        out["kv_slots"] = sum(v.get("num_running", 0) for v in live["verify"].values())
+        out["waiting"] = sum(v.get("num_waiting", 0) for v in live["verify"].values())
+        out["draft_contexts"] = sum(v.get("num_contexts", 0) for v in live["draft"].values())
+        return out
     for w in stats["workers"].values():
         if "num_running" in w:
             out["kv_slots"] += w["num_running"]
@@ -101,6 +138,15 @@ def _held(stats: dict) -> dict[str, int]:
         elif "num_requests" in w:
             out["draft_contexts"] += w["num_requests"]
     return out
+
+
+def _wait_whole(client: httpx.Client, sizes: dict[str, int], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if _serve_whole(client.get("/v1/dspark/stats").json(), sizes):
+            return
+        time.sleep(0.5)
+    raise TimeoutError("the Serve pools did not come up whole")
 
 
 def run_chaos(args: dict[str, Any], prompts: list[str], max_tokens: int = 64, scenarios: list[str] | None = None,
@@ -134,13 +180,16 @@ def run_chaos(args: dict[str, Any], prompts: list[str], max_tokens: int = 64, sc
             if not all(r["ok"] for r in reference):
                 raise RuntimeError(f"the fault-free run failed: {[r for r in reference if not r['ok']]}")
             result["reference_wall_s"] = round(ref_s, 3)
+            sizes = {"verify": args["num_verify_workers"], "draft": args["num_draft_workers"]}
+            if args.get("pools") == "serve":
+                _wait_whole(client, sizes, recover_timeout_s)
             for name in chosen:
-                repairs = client.get("/v1/dspark/stats").json()["num_repairs"]
+                repairs = client.get("/v1/dspark/stats").json().get("num_repairs", 0)
                 need = sum(1 for v in SCENARIOS[name] if v.startswith(("draft", "verify")))
-                victims = _pids(cluster, SCENARIOS[name])
+                victims = _pids(client, cluster, SCENARIOS[name])
                 results, wall_s, recover_s, stats = _run(client, prompts, max_tokens, victims, kill_after_s,
-                                                         repairs + need, recover_timeout_s)
-                time.sleep(1.0)  # idle engines announce finished requests to their draft side
+                                                         repairs + need, recover_timeout_s, sizes)
+                time.sleep(3.0)  # idle engines announce finished requests; Serve replicas' heartbeats catch up
                 stats = client.get("/v1/dspark/stats").json()
                 result["scenarios"][name] = {
                     "killed": [f"{cluster}-{v}" for v in SCENARIOS[name]],

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import statistics
 import threading
 import time
@@ -87,7 +88,9 @@ class VerifyReplica(VerifyWorker):
         super().__init__(rid, config)
         self.draft_pool = draft_pool
         self._timings: deque[tuple[float, float]] = deque(maxlen=256)  # (ttft_s, tpot_s) of finished requests
-        self.heartbeat = _Heartbeat(config, "verify", rid, lambda: {"draft_partner": self.draft_worker})
+        self.heartbeat = _Heartbeat(config, "verify", rid, lambda: {
+            "draft_partner": self.draft_worker, "pid": os.getpid(), "num_running": len(self.engine.running),
+            "num_waiting": len(self.engine.waiting), "draft_broken": self.pair_state()["draft_broken"]})
         if config.mode == "decoupled":
             # target-only until paired: the drafter's feature taps are known now, so features flow from the start
             target = self.engine.target
@@ -173,7 +176,8 @@ class DraftReplica(DraftWorker):
         _scheduler(config)
         super().__init__(rid, config)
         self._busy: deque[tuple[float, float]] = deque(maxlen=4096)
-        self.heartbeat = _Heartbeat(config, "draft", rid, lambda: {"num_contexts": self.service.num_requests})
+        self.heartbeat = _Heartbeat(config, "draft", rid, lambda: {"num_contexts": self.service.num_requests,
+                                                                   "pid": os.getpid()})
 
     async def pair_gloo(self, host: str, port: int) -> list[int]:  # type: ignore[override]
         """Pair with the verify replica that called (blocks until both sides joined); its feature taps."""
@@ -209,6 +213,7 @@ def pool_deployments(config: ServeAppConfig) -> Any:
         draft_opts = _scaling(config.draft_autoscaling, config.num_draft_workers)
         draft_app = serve.deployment(DraftReplica).options(
             name=f"{arm}-draft", ray_actor_options=config.draft_worker.actor_options(), max_ongoing_requests=8,
+            health_check_period_s=2.0, health_check_timeout_s=30.0,
             request_router_config=RequestRouterConfig(request_router_class=PinnedRouter), **draft_opts,
         ).bind(config)
     verify_opts = _scaling(config.verify_autoscaling, config.num_verify_workers)
@@ -216,6 +221,7 @@ def pool_deployments(config: ServeAppConfig) -> Any:
         name=f"{arm}-verify", ray_actor_options=config.verify_worker.actor_options(),
         max_ongoing_requests=config.max_num_seqs + config.max_queued_requests + 16,
         graceful_shutdown_timeout_s=config.drain_timeout_s, graceful_shutdown_wait_loop_s=0.5,
+        health_check_period_s=2.0, health_check_timeout_s=30.0,
         request_router_config=RequestRouterConfig(
             request_router_class=PlacementRouter,
             request_router_kwargs={"scheduler_name": scheduler_name(config), "namespace": NAMESPACE}),

@@ -63,6 +63,8 @@ class DraftWorker:
         except Exception as exc:  # noqa: BLE001 - surfaced through stats() and is_alive()
             if channel is self.channel:  # not a link this worker has already replaced
                 self.error = repr(exc)
+                # the verify partner is gone, and with it every request this worker drafted for
+                self.service.reset()
 
     def handle(self, message: dict[str, Any]) -> dict[str, Any]:
         """The Ray-transport path: one message in, its reply out."""
