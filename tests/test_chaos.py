@@ -1,7 +1,8 @@
 """`dspark bench chaos` on a real local cluster (tiny model, decoupled 2 verify + 2 draft workers, gloo,
-central scheduler), with the pools as named actors and as Serve deployments: kill -9 a draft worker, a verify worker, the scheduler, then a draft and a verify
-worker together, each under load. No request fails, every greedy output equals the fault-free run's, the
-cluster is whole again after each fault, and nothing is held afterwards."""
+central scheduler), with the pools as named actors and as Serve deployments: kill -9 a draft worker, a
+verify worker, the scheduler, then a draft and a verify worker together, each under load. No request
+fails, every greedy output equals the fault-free run's, the cluster is whole again after each fault, and
+nothing is held afterwards."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 from pydantic import ValidationError
+from ray.serve.schema import ServeDeploySchema
 
 from dspark.actors.cluster_scheduler import ClusterScheduler, WorkerLoad
 from dspark.cluster.config import ServeAppConfig
@@ -18,9 +19,16 @@ SPS = SPSTable([1, 8, 16, 32, 64, 128], [70.0, 115.0, 118.0, 195.0, 304.0, 571.0
 
 
 def test_the_shipped_serve_yaml_is_a_valid_decoupled_config():
-    app = yaml.safe_load((ROOT / "configs" / "serve.yaml").read_text())["applications"][0]
+    doc = yaml.safe_load((ROOT / "configs" / "serve.yaml").read_text())
+    ServeDeploySchema.model_validate(doc)  # what `serve run` reads, the application-level policy included
+    app = doc["applications"][0]
+    assert app["autoscaling_policy"]["policy_function"] == "dspark.autoscale.serve_policy:PoolAutoscaler"
     cfg = ServeAppConfig.model_validate(app["args"])
     assert cfg.mode == "decoupled" and cfg.scheduler == "central" and cfg.transport == "gloo"
+    assert cfg.pools == "serve" and cfg.verify_autoscaling and cfg.draft_autoscaling
+    assert [a.name for a in cfg.ab_arms] == ["dspark", "mtp1"]
+    mtp1 = cfg.arm_config(cfg.ab_arms[1])
+    assert mtp1.drafter == "mtp1" and mtp1.num_draft_tokens == 1 and mtp1.scheduler_kwargs == {"k": 1}
     assert cfg.num_cpus_per_replica == pytest.approx(0.1)
     engine_cfg = cfg.worker_engine_config()
     assert engine_cfg.drafter == "none" and engine_cfg.scheduler == "greedy" and engine_cfg.num_threads == 1
@@ -28,7 +36,7 @@ def test_the_shipped_serve_yaml_is_a_valid_decoupled_config():
 
 @pytest.mark.parametrize(("args", "message"), [
     ({"scheduler": "central"}, "needs mode colocated or decoupled"),
-    ({"mode": "decoupled", "num_verify_workers": 2, "num_draft_workers": 1}, "pairs workers 1:1"),
+    ({"mode": "decoupled", "pools": "actors", "num_verify_workers": 2, "num_draft_workers": 1}, "pairs workers 1:1"),
     ({"mode": "decoupled", "drafter": "none"}, "needs a drafter"),
     ({"mode": "sideways"}, "mode"),
     ({"transport": "carrier-pigeon"}, "transport"),
