@@ -10,8 +10,10 @@ Serve instantiates `PoolAutoscaler(**policy_kwargs)` once, in its controller, an
 the context of every deployment that has an `autoscaling_config` (their min/max bounds still apply).
 For each arm it reads the verify deployment `<arm>-verify` and the draft deployment `<arm>-draft`: their
 replicas' `record_autoscaling_stats` (serve_pools.py), aggregated by Serve over `look_back_period_s`, become
-the signals of `policy.py`, which decides each pool on its own signals. The draft pool never drops below
-the verify pool's target (each verify replica drafts with a draft replica of its own). Every decision is
+the signals of `policy.py`, which decides each pool on its own signals. A draft replica drafts for one
+verify replica (1:1 pairing), so the draft pool is then set to the verify pool's target, with its own
+signals' answer logged beside it: sizing the draft pool apart needs draft replicas that serve several
+verify replicas (M:N), which they do not yet. Every decision is
 logged (controller log) and exported: `dspark_autoscale_decisions_total{pool,direction}`,
 `dspark_autoscale_target_replicas{pool}`.
 """
@@ -73,9 +75,12 @@ class PoolAutoscaler:
                 dep_id, ctx = pools["draft"]
                 vctx = pools["verify"][1] if "verify" in pools else None
                 d = policy.decide_draft(now_s, self._draft_signals(ctx, vctx, now_s), self._pending(ctx))
-                if verify_target is not None and d.target < verify_target:  # one draft replica per verify one
+                if verify_target is not None and d.target != verify_target:
+                    # a draft replica serves one verify replica (1:1 pairing): fewer leaves verify replicas
+                    # target-only, more would sit unpaired. Its own signals are logged with the decision.
+                    d.reasons.append(f"set to the verify pool's {verify_target} (1:1 pairing; own signals "
+                                     f"asked {d.target})")
                     d.target = verify_target
-                    d.reasons.append(f"at least the verify pool's {verify_target} (1:1 pairing)")
                 decisions[dep_id] = d.target
                 state[dep_id] = self._record(arm, d)
         return decisions, state
