@@ -1,11 +1,11 @@
 """The Ray Serve application: `serve run configs/serve.yaml` (import path `dspark.cluster.app:build_app`).
 
-One deployment, `SpecDecodeServer`, is the ingress: it serves the OpenAI-compatible app from `openai_api`
-over an engine chosen by `mode` (see `cluster/config.py`): an in-replica AsyncEngine (inline), or a
-`ClusterEngine` that starts the SchedulerActor and the VerifyWorker (and DraftWorker) pools and routes
-each request to the verify worker the scheduler places it on. Routing is a handle chosen per request,
-not a Serve request router: placement needs the scheduler's cluster-wide view (load, survival, KV room)
-and the workers are plain actors, not Serve replicas, so their per-step channels stay outside Serve.
+The ingress deployment, `SpecDecodeServer`, serves the OpenAI-compatible app from `openai_api` over one
+engine per A/B arm, chosen by `mode` and `pools` (see `cluster/config.py`): an in-replica AsyncEngine
+(inline); the arm's verify and draft pools as Serve deployments `<arm>-verify` / `<arm>-draft` that Serve
+scales and heals, reached through the verify deployment's handle and its scheduler-placing request router
+(`pools: serve`, serve_pools.py); or named worker actors the ingress starts and heals itself
+(`pools: actors`, cluster_engine.py).
 """
 
 from __future__ import annotations

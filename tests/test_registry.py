@@ -1,0 +1,47 @@
+"""The pools' membership and pairing (pure logic): heartbeats, expiry, 1:1 assignment, freed partners."""
+
+from __future__ import annotations
+
+import pytest
+
+from dspark.actors.registry import Registry
+
+
+def test_replicas_live_while_they_beat_and_expire_after_the_ttl() -> None:
+    reg = Registry(ttl_s=10.0)
+    reg.heartbeat("verify", "v1", {"pid": 1}, now_s=0.0)
+    reg.heartbeat("draft", "d1", now_s=0.0)
+    assert reg.live("verify", now_s=5.0) == ["v1"] and reg.live("draft", now_s=5.0) == ["d1"]
+    reg.heartbeat("verify", "v1", now_s=9.0)
+    assert reg.live("verify", now_s=15.0) == ["v1"] and reg.live("draft", now_s=15.0) == []
+    assert reg.snapshot(now_s=15.0)["verify"]["v1"]["pid"] == 1
+    with pytest.raises(ValueError, match="pool"):
+        reg.heartbeat("gpu", "x")
+
+
+def test_each_verify_replica_gets_its_own_draft_replica_and_a_dead_ones_partner_is_freed() -> None:
+    reg = Registry(ttl_s=15.0, partner_stale_s=5.0)
+    for rid in ("d1", "d2"):
+        reg.heartbeat("draft", rid, now_s=0.0)
+    for rid in ("v1", "v2", "v3"):
+        reg.heartbeat("verify", rid, now_s=0.0)
+    a, b = reg.assign_draft("v1", now_s=1.0), reg.assign_draft("v2", now_s=1.0)
+    assert {a, b} == {"d1", "d2"}
+    assert reg.assign_draft("v3", now_s=1.0) is None  # every draft replica is taken: v3 decodes target-only
+    assert reg.num_unpaired(now_s=1.0) == 1
+    reg.heartbeat("draft", "d1", now_s=6.0)
+    reg.heartbeat("draft", "d2", now_s=6.0)
+    reg.heartbeat("verify", "v2", now_s=6.0)
+    reg.heartbeat("verify", "v3", now_s=6.0)  # v1 stopped beating: dead
+    assert reg.assign_draft("v3", now_s=7.0) == a  # v1's partner is free again before v1 expires
+    assert reg.assign_draft("v3", exclude=(a,), now_s=7.0) is None  # a partner that just failed is skipped
+
+
+def test_a_replica_that_leaves_frees_its_partner_at_once() -> None:
+    reg = Registry()
+    reg.heartbeat("draft", "d1", now_s=0.0)
+    reg.heartbeat("verify", "v1", now_s=0.0)
+    reg.heartbeat("verify", "v2", now_s=0.0)
+    assert reg.assign_draft("v1", now_s=0.0) == "d1"
+    reg.leave("v1")
+    assert reg.assign_draft("v2", now_s=0.0) == "d1"
