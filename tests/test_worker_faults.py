@@ -18,11 +18,10 @@ import pytest
 import ray
 
 from dspark.actors.pools import ACTOR_NAMESPACE
-from dspark.verify_service.engine import Engine, EngineConfig
-from dspark.verify_service.request import SamplingParams
 from tests.test_cluster_serving import app_args
 from tests.test_engine_lossless import tiny_prompts
 from tests.test_serve_http import serving
+from tests.tiny import greedy_texts
 
 CLUSTER = "dspark-faults"
 NUM_NEW = 160
@@ -41,10 +40,7 @@ def prompts(tiny_target) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def expected(tiny_target, prompts) -> list[str]:
-    cfg = EngineConfig(target=str(tiny_target.path), drafter="none", scheduler="fixed", max_num_seqs=8,
-                       max_model_len=256)
-    reqs = Engine(cfg, target=tiny_target).generate(prompts, SamplingParams(max_tokens=NUM_NEW, ignore_eos=True))
-    return [tiny_target.tokenizer.decode(r.output_ids, skip_special_tokens=True) for r in reqs]
+    return greedy_texts(tiny_target, prompts, NUM_NEW)
 
 
 def _complete(client: httpx.Client, prompt: list[int], stream: bool) -> str:

@@ -55,3 +55,14 @@ def tiny_sps_path(target_dir: Path | str) -> str | None:
     (the engine then loads the shipped profile)."""
     path = Path(target_dir) / TEST_SPS_FILE
     return str(path) if path.exists() else None
+
+
+def greedy_texts(target, prompts: list[list[int]], max_tokens: int) -> list[str]:  # noqa: ANN001
+    """What a fault-free single-process target-only engine answers at T=0 (EOS ignored), as text."""
+    from dspark.verify_service.engine import Engine, EngineConfig
+    from dspark.verify_service.request import SamplingParams
+
+    cfg = EngineConfig(target=str(target.path), drafter="none", scheduler="fixed", max_num_seqs=len(prompts),
+                       max_model_len=256)
+    reqs = Engine(cfg, target=target).generate(prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    return [target.tokenizer.decode(r.output_ids, skip_special_tokens=True) for r in reqs]
