@@ -20,7 +20,7 @@ import pytest
 from dspark.cluster.access import key_digest
 from dspark.cluster.dashboards import all_queries
 from tests.test_cluster_serving import app_args
-from tests.test_serve_http import serving
+from tests.test_serve_autoscaling import AUTOSCALING_POLICY, deployed
 from tests.tiny_drafters import save_tiny_baseline
 
 PROMETHEUS = shutil.which("prometheus")
@@ -81,11 +81,13 @@ def _grafana_to_promql(expr: str) -> str:
 def test_every_dashboard_query_returns_data_from_a_real_prometheus(tiny_target, tiny_target_dir: Path,
                                                                    tmp_path: Path) -> None:
     ckpt = save_tiny_baseline(tiny_target, "dspark", tmp_path / "dspark")
+    # the shipped shape: Serve pools under the application-level autoscaling policy (declarative deploy)
     args = app_args(tiny_target_dir, drafter="dspark", drafter_kwargs={"path": str(ckpt)}, draft_gate=True,
-                    num_verify_workers=1, num_draft_workers=1, admin_api_key_sha256=[key_digest(ADMIN)],
-                    cluster_name="dspark-prom")
+                    pools="serve", verify_autoscaling={"min_replicas": 1, "max_replicas": 1},
+                    draft_autoscaling={"min_replicas": 1, "max_replicas": 1},
+                    admin_api_key_sha256=[key_digest(ADMIN)], cluster_name="dspark-prom")
     admin = {"Authorization": f"Bearer {ADMIN}"}
-    with serving(args, health_timeout_s=120, headers=admin) as client:
+    with deployed(args, AUTOSCALING_POLICY, headers=admin) as client:
         assert client.get("/metrics", headers={"Authorization": ""}).status_code == 401
         target = str(client.base_url).removeprefix("http://").rstrip("/")
         with prometheus(target, tmp_path) as prom:

@@ -5,10 +5,12 @@ every request across the scale events completes, and the decisions are in the co
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -29,6 +31,12 @@ def _running(deployment: str) -> int:
     except KeyError:
         return 0
     return int(sum(n for state, n in states.items() if str(getattr(state, "value", state)) == "RUNNING"))
+
+
+def _all_healthy() -> bool:
+    app = serve.status().applications.get("dspark")
+    return app is not None and all(str(getattr(d.status, "value", d.status)) == "HEALTHY"
+                                   for d in app.deployments.values())
 
 
 class _Load:
@@ -67,15 +75,16 @@ def _wait(cond, timeout_s: float) -> bool:  # noqa: ANN001
     return False
 
 
-def test_pools_scale_up_and_down_with_the_load_and_lose_nothing(tiny_target_dir: Path) -> None:
-    args = app_args(tiny_target_dir, pools="serve", cluster_name="dspark-autoscale", max_num_seqs=8,
-                    verify_autoscaling={"min_replicas": 1, "max_replicas": 2},
-                    draft_autoscaling={"min_replicas": 1, "max_replicas": 2})
-    policy = {"policy_function": "dspark.autoscale.serve_policy:PoolAutoscaler",
-              # a tiny model on 2 shared cores: tokens per step is the verify signal that moves; the draft pool
-              # follows its own utilisation and the verify pool (1:1 pairing), not the contended draft wait
-              "policy_kwargs": {"knee_tokens": 4, "downscale_delay_s": 4, "ttft_p50_s": 1e3, "tpot_p50_s": 1e3,
-                                "max_queue_per_replica": 1e3, "max_draft_wait_ms": 1e4}}
+# a tiny model on 2 shared cores: tokens per step is the verify signal that moves (the draft pool follows the
+# verify pool, 1:1 pairing); the SLA limits are out of reach so they do not interfere
+AUTOSCALING_POLICY = {"policy_function": "dspark.autoscale.serve_policy:PoolAutoscaler",
+                      "policy_kwargs": {"knee_tokens": 4, "downscale_delay_s": 4, "ttft_p50_s": 1e3,
+                                        "tpot_p50_s": 1e3, "max_queue_per_replica": 1e3, "max_draft_wait_ms": 1e4}}
+
+
+@contextlib.contextmanager
+def deployed(args: dict, policy: dict, headers: dict | None = None) -> Iterator[httpx.Client]:
+    """The app deployed the declarative way (`serve run <yaml>` does this), with an application-level policy."""
     port = _free_port()
     for var in ("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"):
         os.environ.setdefault(var, "60")
@@ -85,31 +94,40 @@ def test_pools_scale_up_and_down_with_the_load_and_lose_nothing(tiny_target_dir:
         client.deploy_apps(ServeDeploySchema.model_validate({"applications": [{
             "name": "dspark", "route_prefix": "/", "import_path": "dspark.cluster.app:build_app", "args": args,
             "autoscaling_policy": policy}]}))
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as http:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120, headers=headers) as http:
             _wait_healthy(http, 180)
-            assert _wait(lambda: _running("default-verify") == 1 and _running("default-draft") == 1, 120)
-            heavy = _Load(http, 8)
-            scaled_up = _wait(lambda: _running("default-verify") == 2 and _running("default-draft") == 2, 120)
-            time.sleep(3)  # load on both replicas for a while
-            results = heavy.finish()
-            assert scaled_up, "the verify and draft pools did not reach 2 replicas under load"
-            light = _Load(http, 1)  # a trickle while the pools shrink: the replica that goes drains first
-            scaled_down = _wait(lambda: _running("default-verify") == 1 and _running("default-draft") == 1, 120)
-            time.sleep(2)
-            results += light.finish()
-            assert scaled_down, "the pools did not go back to 1 replica"
-            assert results and all(results), f"{results.count(False)} of {len(results)} requests failed"
-            text = ""
-            for _ in range(30):
-                text = http.get("/metrics").text
-                if 'direction="up"' in text and 'direction="down"' in text:
-                    break
-                time.sleep(1)
-            assert "dspark_autoscale_decisions_total" in text and 'direction="up"' in text
-            assert 'direction="down"' in text
-        logs = "".join(Path(p).read_text(errors="replace") for p in
-                       glob.glob("/tmp/ray/session_latest/logs/serve/controller_*.log"))
-        assert "dspark autoscale default-verify: 1 -> 2" in logs and "dspark autoscale default-verify: 2 -> 1" in logs
+            assert _wait(_all_healthy, 180), serve.status()  # the pools too, not only the ingress
+            yield http
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+def test_pools_scale_up_and_down_with_the_load_and_lose_nothing(tiny_target_dir: Path) -> None:
+    args = app_args(tiny_target_dir, pools="serve", cluster_name="dspark-autoscale", max_num_seqs=8,
+                    verify_autoscaling={"min_replicas": 1, "max_replicas": 2},
+                    draft_autoscaling={"min_replicas": 1, "max_replicas": 2})
+    with deployed(args, AUTOSCALING_POLICY) as http:
+        assert _wait(lambda: _running("default-verify") == 1 and _running("default-draft") == 1, 120)
+        heavy = _Load(http, 8)
+        scaled_up = _wait(lambda: _running("default-verify") == 2 and _running("default-draft") == 2, 120)
+        time.sleep(3)  # load on both replicas for a while
+        results = heavy.finish()
+        assert scaled_up, "the verify and draft pools did not reach 2 replicas under load"
+        light = _Load(http, 1)  # a trickle while the pools shrink: the replica that goes drains first
+        scaled_down = _wait(lambda: _running("default-verify") == 1 and _running("default-draft") == 1, 120)
+        time.sleep(2)
+        results += light.finish()
+        assert scaled_down, "the pools did not go back to 1 replica"
+        assert results and all(results), f"{results.count(False)} of {len(results)} requests failed"
+        text = ""
+        for _ in range(30):
+            text = http.get("/metrics").text
+            if 'direction="up"' in text and 'direction="down"' in text:
+                break
+            time.sleep(1)
+        assert "dspark_autoscale_decisions_total" in text and 'direction="up"' in text
+        assert 'direction="down"' in text
+        logs = "".join(Path(p).read_text(errors="replace") for p in
+                       glob.glob("/tmp/ray/session_latest/logs/serve/controller_*.log"))
+        assert "dspark autoscale default-verify: 1 -> 2" in logs and "dspark autoscale default-verify: 2 -> 1" in logs

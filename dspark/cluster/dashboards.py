@@ -124,6 +124,11 @@ POOLS = Board("dspark-pools", "dspark: pools, transport, scheduler", [
                                        (_q(0.99, "dspark_transport_seconds"), "p99 {{arm}}")], "s"),
     Panel("Scheduler decision latency", [(_q(0.99, "dspark_scheduler_decision_seconds", "decision"),
                                           "p99 {{decision}}")], "s"),
+    Panel("Autoscaler: target replicas per pool", [
+        ('max by (arm, target_pool) (dspark_autoscale_target_replicas{arm=~"$arm"})', "{{arm}} {{target_pool}}")]),
+    Panel("Autoscaler decisions/s (up, down, hold)", [
+        (f'sum by (arm, target_pool, direction) (rate(dspark_autoscale_decisions_total{{arm=~"$arm"}}[{RATE}]))',
+         "{{arm}} {{target_pool}} {{direction}}")]),
 ])
 
 BOARDS = [SPEC, LATENCY, THROUGHPUT, AB, POOLS]
