@@ -160,6 +160,22 @@ def train_sanity(
     typer.echo(json.dumps(run_sanity(cfg, num_prompts, num_steps, max_new_tokens, lr, num_anchors, fresh)))
 
 
+@app.command("train-curve")
+def train_curve(
+    state: Path = typer.Option(..., help="A run's train_state.pt (e.g. ~/.cache/dspark/train/smollm2/runs/NAME/)."),
+    window: int = typer.Option(50, min=1, help="Steps averaged per point."),
+    plot: Path | None = typer.Option(None, help="PNG: τ estimate and loss vs steps, τ vs training tokens."),
+    out: Path | None = typer.Option(None, help="Also write the JSON here."),
+) -> None:
+    """A training run's learning curve from its saved history (τ estimated from acceptance); JSON last."""
+    from dspark.training.curve import learning_curve, plot_curve
+
+    curve = learning_curve(state.expanduser(), window)
+    if plot:
+        curve["plot"] = str(plot_curve(curve, plot))
+    _emit(curve, out)
+
+
 @app.command("eval")
 def eval_cmd(
     drafter: str = typer.Option("dspark", help="Drafter name: dspark | dflash | eagle3 | mtp1 (or ngram, oracle)."),
