@@ -58,8 +58,8 @@ class SchedulerActor:
     def live(self, pool: str) -> list[str]:
         return self.registry.live(pool)
 
-    def assign_draft(self, verify_id: str, exclude: list[str] | None = None) -> str | None:
-        return self.registry.assign_draft(verify_id, tuple(exclude or ()))
+    def assign_draft(self, verify_id: str, exclude: list[str] | None = None, max_partners: int = 1) -> str | None:
+        return self.registry.assign_draft(verify_id, tuple(exclude or ()), max_partners)
 
     def ping(self) -> float:
         return self.scheduler.started_s

@@ -10,10 +10,9 @@ Serve instantiates `PoolAutoscaler(**policy_kwargs)` once, in its controller, an
 the context of every deployment that has an `autoscaling_config` (their min/max bounds still apply).
 For each arm it reads the verify deployment `<arm>-verify` and the draft deployment `<arm>-draft`: their
 replicas' `record_autoscaling_stats` (serve_pools.py), aggregated by Serve over `look_back_period_s`, become
-the signals of `policy.py`, which decides each pool on its own signals. A draft replica drafts for one
-verify replica (1:1 pairing), so the draft pool is then set to the verify pool's target, with its own
-signals' answer logged beside it: sizing the draft pool apart needs draft replicas that serve several
-verify replicas (M:N), which they do not yet. Every decision is
+the signals of `policy.py`, which decides each pool on its own signals. A draft replica drafts for up to
+`max_verify_per_draft` verify replicas (M:N; the same number as in the app's args), so the draft pool's
+own answer is kept within [ceil(V / m), V] of the verify pool's target V. Every decision is
 logged (controller log) and exported: `dspark_autoscale_decisions_total{pool,direction}`,
 `dspark_autoscale_target_replicas{pool}`.
 """
@@ -44,7 +43,8 @@ class PoolAutoscaler:
     def __init__(self, knee_tokens: int = 64, ttft_p50_s: float = 2.0, tpot_p50_s: float = 0.25,
                  max_queue_per_replica: float = 4.0, draft_utilisation_high: float = 0.85,
                  max_draft_wait_ms: float = 10.0, down_margin: float = 0.7, downscale_delay_s: float = 60.0,
-                 stale_after_s: float = 30.0) -> None:
+                 stale_after_s: float = 30.0, max_verify_per_draft: int = 1) -> None:
+        self.max_verify_per_draft = max(1, int(max_verify_per_draft))
         self.config = PolicyConfig(
             sla=SLA(ttft_p50_s=ttft_p50_s, tpot_p50_s=tpot_p50_s, max_queue_per_replica=max_queue_per_replica),
             verify=PoolLimits(1, 1 << 20), draft=PoolLimits(1, 1 << 20), knee_tokens=knee_tokens,
@@ -75,12 +75,15 @@ class PoolAutoscaler:
                 dep_id, ctx = pools["draft"]
                 vctx = pools["verify"][1] if "verify" in pools else None
                 d = policy.decide_draft(now_s, self._draft_signals(ctx, vctx, now_s), self._pending(ctx))
-                if verify_target is not None and d.target != verify_target:
-                    # a draft replica serves one verify replica (1:1 pairing): fewer leaves verify replicas
-                    # target-only, more would sit unpaired. Its own signals are logged with the decision.
-                    d.reasons.append(f"set to the verify pool's {verify_target} (1:1 pairing; own signals "
-                                     f"asked {d.target})")
-                    d.target = verify_target
+                if verify_target is not None:
+                    # a draft replica drafts for up to max_verify_per_draft verify replicas: fewer than
+                    # ceil(V / m) leaves verify replicas target-only, more than V would sit unpaired
+                    low, high = -(-verify_target // self.max_verify_per_draft), verify_target
+                    bounded = min(high, max(low, d.target))
+                    if bounded != d.target:
+                        d.reasons.append(f"bounded to [{low}, {high}] by the verify pool's {verify_target} "
+                                         f"(up to {self.max_verify_per_draft} per draft replica)")
+                        d.target = bounded
                 decisions[dep_id] = d.target
                 state[dep_id] = self._record(arm, d)
         return decisions, state

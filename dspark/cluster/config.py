@@ -107,6 +107,9 @@ class ServeAppConfig(BaseModel):
     draft_autoscaling: dict[str, Any] | None = Field(
         None, description="pools: serve: the draft deployment's Serve `autoscaling_config`; null: "
                           "num_draft_workers fixed replicas.")
+    max_verify_per_draft: int = Field(1, ge=1, description="pools: serve: how many verify replicas one draft "
+                                      "replica drafts for (M:N); the draft pool is autoscaled between "
+                                      "ceil(verify / this) and verify replicas on its own signals.")
     drain_timeout_s: float = Field(120.0, gt=0, description="pools: serve: how long a replica being removed "
                                    "may take to finish its requests (Serve's graceful_shutdown_timeout_s).")
     num_verify_workers: int = Field(1, ge=1, description="VerifyWorker actors (pool modes).")

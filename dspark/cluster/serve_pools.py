@@ -148,7 +148,8 @@ class VerifyReplica(VerifyWorker):
             time.sleep(1.0)
 
     def _pair_once(self, failed: list[str]) -> None:
-        did = ray.get(_scheduler(self.config).assign_draft.remote(self.worker_id, failed[-4:]), timeout=10)
+        did = ray.get(_scheduler(self.config).assign_draft.remote(
+            self.worker_id, failed[-4:], self.config.max_verify_per_draft), timeout=10)
         if did is None:
             return
         host, port = self.channel_address()
@@ -177,7 +178,7 @@ class DraftReplica(DraftWorker):
         super().__init__(rid, config)
         self._busy: deque[tuple[float, float]] = deque(maxlen=4096)
         self.heartbeat = _Heartbeat(config, "draft", rid, lambda: {"num_contexts": self.service.num_requests,
-                                                                   "pid": os.getpid()})
+                                                                   "pid": os.getpid(), "num_links": self.num_links})
 
     async def pair_gloo(self, host: str, port: int) -> list[int]:  # type: ignore[override]
         """Pair with the verify replica that called (blocks until both sides joined); its feature taps."""
@@ -185,8 +186,7 @@ class DraftReplica(DraftWorker):
         return list(self.service.hidden_layers)
 
     def check_health(self) -> None:
-        if self.error is not None and self._thread is not None and self._thread.is_alive():
-            raise RuntimeError(self.error)
+        pass  # a broken link is its verify partner's death, not this replica's: it keeps serving the others
 
     def record_autoscaling_stats(self) -> dict[str, float]:
         spans = self.service.timeline()[-256:]

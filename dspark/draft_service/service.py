@@ -44,20 +44,22 @@ class DraftService:
         self.on_span = on_span
         self.hidden_layers: tuple[int, ...] = tuple(getattr(drafter, "hidden_layers", ()))
         self._tokens: dict[str, list[int]] = {}
+        self._owner: dict[str, int] = {}  # request -> the link (verify partner) it came on
         self._lock = threading.Lock()
         self.spans: deque[DraftSpan] = deque(maxlen=max_num_spans)
         self.num_messages = 0
 
-    def handle(self, message: dict[str, Any], posted_s: float = 0.0) -> dict[str, Any]:
+    def handle(self, message: dict[str, Any], posted_s: float = 0.0, owner: int = 0) -> dict[str, Any]:
         """Apply a `draft` message (see module doc) and return the reply. `posted_s`: when this side
-        started waiting for the message (so the verify side can tell transfer from a busy peer)."""
+        started waiting for the message (so the verify side can tell transfer from a busy peer); `owner`:
+        which verify partner sent it (one draft worker may serve several)."""
         received = time.time()
         with self._lock:
             start = time.time()
             for rid in message.get("released", []):
-                self._tokens.pop(rid, None)
-                if self.drafter is not None:
-                    self.drafter.release(rid)
+                self._forget(rid)
+            for req in message["requests"]:
+                self._owner.setdefault(req["id"], owner)
             reply = self._draft(message)
             end = time.time()
             self.num_messages += 1
@@ -86,13 +88,18 @@ class DraftService:
         out = self.drafter.propose(batch, message["max_num_tokens"])
         return {"tokens": out.tokens, "probs": out.probs, "confidences": out.confidences}
 
-    def reset(self) -> None:
-        """Forget every request's context (its verify partner is gone: those requests never come back)."""
+    def _forget(self, rid: str) -> None:
+        self._tokens.pop(rid, None)
+        self._owner.pop(rid, None)
+        if self.drafter is not None:
+            self.drafter.release(rid)
+
+    def reset(self, owner: int | None = None) -> None:
+        """Forget the contexts of the requests of one verify partner (all: None); that partner is gone, so
+        its requests never come back here."""
         with self._lock:
-            if self.drafter is not None:
-                for rid in list(self._tokens):
-                    self.drafter.release(rid)
-            self._tokens.clear()
+            for rid in [r for r in list(self._tokens) if owner is None or self._owner.get(r, 0) == owner]:
+                self._forget(rid)
 
     @property
     def num_requests(self) -> int:
@@ -102,7 +109,7 @@ class DraftService:
         return [vars(s) for s in list(self.spans)]
 
 
-def serve_channel(channel: Any, service: DraftService) -> None:
+def serve_channel(channel: Any, service: DraftService, owner: int = 0) -> None:
     """Answer messages on `channel` until a `close` message: `draft` -> reply, `ping` -> echo."""
     while True:
         posted_s = time.time()
@@ -113,6 +120,6 @@ def serve_channel(channel: Any, service: DraftService) -> None:
         if kind == "ping":
             channel.send({"kind": "pong", "seq": message.get("seq"), "payload": message.get("payload")})
             continue
-        reply = service.handle(message, posted_s)
+        reply = service.handle(message, posted_s, owner)
         if kind != "observe":
             channel.send(reply)

@@ -39,32 +39,36 @@ class DraftWorker:
 
         self.service = DraftService(drafter, on_span=on_span)
         metrics.refresh_every(lambda: metrics.set("dspark_draft_contexts", self.service.num_requests))
-        self.channel: GlooChannel | None = None
-        self._thread: threading.Thread | None = None
-        self.error: str | None = None
+        self.links: dict[int, tuple[GlooChannel, threading.Thread]] = {}  # one per verify partner (M:N)
+        self._next_link = 0
+        self.error: str | None = None  # the last link that broke, until a new one is made
 
     def ready(self) -> dict[str, Any]:
         return {"worker_id": self.worker_id, "node_id": ray.get_runtime_context().get_node_id(),
                 "pid": os.getpid(), "hidden_layers": list(self.service.hidden_layers)}
 
     def pair_gloo(self, host: str, port: int) -> None:
-        """Join the verify worker's two-rank group (blocks until it joins too) and start answering. A
-        re-pair (the verify side restarted, or this worker did) starts from no draft context."""
-        if self.channel is not None:
-            self.service.reset()
-            self.error = None
-        channel = self.channel = GlooChannel(host, port, 1)
-        self._thread = threading.Thread(target=self._serve, args=(channel,), name="dspark-draft", daemon=True)
-        self._thread.start()
+        """Join a verify worker's two-rank group (blocks until it joins too) and answer it on a thread of
+        its own; earlier links keep working (one draft worker may serve several verify workers)."""
+        channel = GlooChannel(host, port, 1)
+        link = self._next_link
+        self._next_link += 1
+        thread = threading.Thread(target=self._serve, args=(channel, link), name=f"dspark-draft-{link}",
+                                  daemon=True)
+        self.links[link] = (channel, thread)
+        self.error = None
+        thread.start()
 
-    def _serve(self, channel: GlooChannel) -> None:
+    def _serve(self, channel: GlooChannel, link: int) -> None:
         try:
-            serve_channel(channel, self.service)
+            serve_channel(channel, self.service, link)
         except Exception as exc:  # noqa: BLE001 - surfaced through stats() and is_alive()
-            if channel is self.channel:  # not a link this worker has already replaced
+            if not set(self.links) - {link}:  # no other link works: this worker is broken until re-paired
                 self.error = repr(exc)
-                # the verify partner is gone, and with it every request this worker drafted for
-                self.service.reset()
+        finally:
+            # that verify partner is gone (or closed the link), and with it every request it sent here
+            self.links.pop(link, None)
+            self.service.reset(link)
 
     def handle(self, message: dict[str, Any]) -> dict[str, Any]:
         """The Ray-transport path: one message in, its reply out."""
@@ -75,14 +79,19 @@ class DraftWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    @property
+    def num_links(self) -> int:
+        return len(self.links)
+
     def is_alive(self) -> bool:
-        return self.error is None and (self._thread is None or self._thread.is_alive())
+        return self.error is None or bool(self.links)
 
     def stats(self) -> dict[str, Any]:
         spans = self.service.timeline()[-512:]
         busy = sum(s["end_s"] - s["start_s"] for s in spans)
         return {"worker_id": self.worker_id, "num_messages": self.service.num_messages,
                 "num_requests": self.service.num_requests, "timeline": spans, "error": self.error,
+                "num_links": self.num_links,
                 "draft_ms_mean": 1e3 * busy / len(spans) if spans else 0.0}
 
 
