@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -109,13 +110,18 @@ class GuardMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        rid = uuid.uuid4().hex[:16]
-        scope.setdefault("state", {})["request_id"] = rid
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        # behind Serve's proxy the request already has an id, which the proxy also puts on the response:
+        # use that one (one id in logs and headers, one header); standalone, make one and send it
+        incoming = headers.get("x-request-id", "")
+        has_id = bool(re.fullmatch(r"[A-Za-z0-9._:-]{1,128}", incoming))
+        rid = incoming if has_id else uuid.uuid4().hex[:16]
+        scope.setdefault("state", {})["request_id"] = rid
 
         async def send_with_id(message: dict) -> None:
             if message["type"] == "http.response.start":
-                message.setdefault("headers", []).append((b"x-request-id", rid.encode()))
+                if not has_id:
+                    message.setdefault("headers", []).append((b"x-request-id", rid.encode()))
                 if message.get("status", 200) >= 400 and self.metrics is not None:
                     self.metrics.inc("dspark_request_errors_total", status=str(message["status"]))
             await send(message)
