@@ -158,6 +158,10 @@ def run_chaos(args: dict[str, Any], prompts: list[str], max_tokens: int = 64, sc
 
     args = {"mode": "decoupled", "scheduler": "central", "num_verify_workers": 2, "num_draft_workers": 2,
             "cluster_name": "dspark-chaos", **args}
+    # fixed pool sizes: a fault must be healed by replacement, not hidden by an autoscaler's choice
+    args = {k: v for k, v in args.items() if k not in ("verify_autoscaling", "draft_autoscaling")}
+    args.update(num_verify_workers=max(2, args["num_verify_workers"]),
+                num_draft_workers=max(2, args["num_draft_workers"]))
     cluster = args["cluster_name"]
     chosen = scenarios or list(SCENARIOS)
     unknown = set(chosen) - set(SCENARIOS)
