@@ -53,7 +53,7 @@ def test_pools_are_serve_deployments_that_pair_and_serve_losslessly(server, prom
     while time.monotonic() < deadline:  # the scheduler pairs the draft replica with one verify replica
         sched = server.get("/v1/dspark/stats").json()["scheduler"]
         assert "replicas" in sched, sched
-        if any("draft_partner" in v for v in sched["replicas"]["verify"].values()):
+        if any(v.get("draft_broken") is False for v in sched["replicas"]["verify"].values()):  # paired, switched
             break
         time.sleep(1)
     assert len(sched["replicas"]["verify"]) == 2 and len(sched["replicas"]["draft"]) == 1

@@ -66,10 +66,13 @@ class _Heartbeat:
         threading.Thread(target=self._run, name=f"dspark-{pool}-heartbeat", daemon=True).start()
 
     def _run(self) -> None:
+        handle = None
         while not self.is_stopped:
             try:
-                ray.get(_scheduler(self.config).heartbeat.remote(self.pool, self.rid, self.info()), timeout=10)
+                handle = handle or _scheduler(self.config)  # looked up once, again only after a failure
+                ray.get(handle.heartbeat.remote(self.pool, self.rid, self.info()), timeout=10)
             except Exception as exc:  # noqa: BLE001 - the scheduler is restarting; try again
+                handle = None
                 log.info("heartbeat to the scheduler failed: %r", exc)
             time.sleep(HEARTBEAT_S)
 
@@ -121,7 +124,7 @@ class VerifyReplica(VerifyWorker):
     def record_autoscaling_stats(self) -> dict[str, float]:
         eng = self.engine
         now = time.time()
-        recent = [s for s in list(eng.stats)[-64:] if now - s.end_s < 5.0]  # an idle replica reports 0
+        recent = [s for s in eng.stats[-64:] if now - s.end_s < 5.0]  # an idle replica reports 0
         timings = list(self._timings)[-64:]
         drafter = eng.drafter
         spans = [s for s in list(getattr(drafter, "spans", []))[-64:] if now - s.collect_end_s < 5.0]
