@@ -171,7 +171,7 @@ class VerifyWorker:
             "worker_id": self.worker_id, "mode": self.config.mode, "draft_worker": self.draft_worker,
             "transport": self.config.transport if self.config.mode == "decoupled" else "in-process",
             "num_steps": eng.num_steps, "num_running": len(eng.running), "num_waiting": len(eng.waiting),
-            "timeline": timeline, "at_s": time.time(),
+            "timeline": timeline, "at_s": time.time(), "reconnect_pending": self._reconnect is not None,
             "scheduler_reachable": self.scheduler_client.is_reachable,
             "scheduler_failures": self.scheduler_client.num_failures,
         }
