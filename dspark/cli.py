@@ -360,14 +360,16 @@ def bench_chaos_cmd(
 @bench_app.command("overload")
 def bench_overload_cmd(
     config: Path = typer.Option(Path("configs/serve.yaml"), help="Serve config whose first application is run."),
-    multiple: float = typer.Option(10.0, min=1.0, help="Requests sent at once, in multiples of the admission limit."),
+    multiple: float = typer.Option(10.0, min=1.0, help="Requests sent (and their arrival rate), in multiples of the "
+                                   "admission limit (and of the measured completion rate)."),
+    burst: bool = typer.Option(True, help="Also send the same count in one instant."),
     max_tokens: int = typer.Option(16, min=1),
     rss_bound_mb: float | None = typer.Option(None, help="Stated memory bound for all Ray processes (MiB); "
                                               "default: resident memory before the burst + 512."),
     set_: list[str] = typer.Option([], "--set", help="KEY=VALUE override of the application's args."),
     out: Path | None = typer.Option(None, help="Also write the JSON here."),
 ) -> None:
-    """Overload: N x the admission limit at once; 429/503 + Retry-After latency, admitted latency, memory."""
+    """Overload: N x the limit at N x the capacity, then at once; 429 + Retry-After latency, memory."""
     import yaml
 
     from dspark.bench.overload import load_serve_args, run_overload
@@ -382,7 +384,7 @@ def bench_overload_cmd(
     except (OSError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
-    _emit(run_overload(args, multiple, max_tokens, rss_bound_mb), out)
+    _emit(run_overload(args, multiple, max_tokens, rss_bound_mb, burst=burst), out)
 
 
 @bench_app.command("serve")

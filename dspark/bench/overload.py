@@ -1,21 +1,25 @@
 """`dspark bench overload`: N× the cluster's admission limit at once, over loopback, bounded in count and time.
 
-Starts the app of a serve config on a local Ray cluster, sends `multiple × limit` chat completions at once
-(limit = what the ingress admits: each arm's batch capacity plus its queue bound), and reports: how many
-were admitted and completed, how many were refused with 429/503 + Retry-After and how fast, any other
-status, the latency of admitted requests, and the resident memory of every process of the Ray session
-(sampled throughout) against a stated bound. Afterwards the engines must hold no request (no leaked KV
-slot or draft context). JSON last.
+Starts the app of a serve config on a local Ray cluster; measures its capacity (the admission limit's
+worth of requests at once: their completion rate), then sends `multiple × limit` chat completions arriving
+at `multiple ×` that rate (limit = what the ingress admits: each arm's batch capacity plus its queue
+bound), then the same count in one instant. Reports per phase how many were admitted and completed, how
+many were refused with 429/503 + Retry-After and how fast (timed from the moment the request's bytes are
+written), any other status, the latency of admitted requests, and the resident memory of every process of
+the Ray session (sampled throughout) against a stated bound. Afterwards the engines must hold no request
+(no leaked KV slot or draft context). JSON last.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import statistics
 import threading
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import psutil
@@ -57,27 +61,73 @@ class _RssSampler:
         self._thread.join()
 
 
-async def _fire(base_url: str, num: int, max_tokens: int, headers: dict[str, str], timeout_s: float) -> list[dict]:
-    limits = httpx.Limits(max_connections=num, max_keepalive_connections=num)
-    async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s, limits=limits, headers=headers) as client:
-        async def one(i: int) -> dict:
-            body = {"messages": [{"role": "user", "content": f"Count from {i % 50} to {i % 50 + 9}."}],
-                    "max_tokens": max_tokens, "temperature": 0, "user": f"overload-{i}"}
-            t0 = time.perf_counter()
-            try:
-                resp = await client.post("/v1/chat/completions", json=body)
-            except httpx.HTTPError as exc:
-                return {"status": None, "latency_s": time.perf_counter() - t0, "error": type(exc).__name__}
-            rec = {"status": resp.status_code, "latency_s": time.perf_counter() - t0,
-                   "retry_after": resp.headers.get("retry-after")}
-            if resp.status_code >= 400:
-                try:
-                    rec["reason"] = resp.json()["error"]["message"]
-                except (ValueError, KeyError, TypeError):
-                    rec["reason"] = None
-            return rec
+async def _post(host: str, port: int, path: str, payload: dict, headers: dict[str, str],
+                timeout_s: float) -> dict:
+    """One HTTP/1.1 POST on its own connection (`Connection: close`), timed from the moment its bytes are
+    written. A bare asyncio client: httpx's pool costs O(connections) per request, so 1,280 concurrent
+    requests through it take ~30 s on this machine against a server that answers in microseconds, and
+    that would be measured as the server's latency."""
+    body = json.dumps(payload).encode()
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    req = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+           f"Content-Length: {len(body)}\r\n{head}Connection: close\r\n\r\n").encode() + body
+    t_conn = time.perf_counter()
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+        writer.write(req)
+        await writer.drain()
+        t0 = time.perf_counter()
+        data = await asyncio.wait_for(reader.read(), timeout_s)
+        t1 = time.perf_counter()
+        writer.close()
+    except (TimeoutError, OSError) as exc:
+        return {"status": None, "latency_s": time.perf_counter() - t_conn, "error": type(exc).__name__}
+    head_bytes, _, payload_bytes = data.partition(b"\r\n\r\n")
+    lines = head_bytes.decode("latin-1").split("\r\n")
+    try:
+        status = int(lines[0].split(" ", 2)[1])
+    except (IndexError, ValueError):
+        return {"status": None, "latency_s": t1 - t0, "error": "bad status line"}
+    hdrs = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+    if hdrs.get("transfer-encoding") == "chunked":
+        payload_bytes = _unchunk(payload_bytes)
+    rec = {"status": status, "latency_s": t1 - t0, "connect_s": t0 - t_conn, "retry_after": hdrs.get("retry-after")}
+    if status >= 400:
+        try:
+            err = json.loads(payload_bytes)
+            rec["reason"] = err["error"]["message"] if isinstance(err, dict) and "error" in err else None
+        except (ValueError, KeyError, TypeError):
+            rec["reason"] = payload_bytes.decode("utf-8", "replace")[:200] or None  # Serve's proxy: plain text
+    return rec
 
-        return await asyncio.gather(*(one(i) for i in range(num)))
+
+def _unchunk(data: bytes) -> bytes:
+    out, pos = bytearray(), 0
+    while True:
+        size_end = data.find(b"\r\n", pos)
+        if size_end < 0:
+            return bytes(out)
+        size = int(data[pos:size_end].split(b";")[0] or b"0", 16)
+        if size == 0:
+            return bytes(out)
+        out += data[size_end + 2:size_end + 2 + size]
+        pos = size_end + 2 + size + 2
+
+
+async def _fire(base_url: str, num: int, max_tokens: int, headers: dict[str, str], timeout_s: float,
+                spread_s: float = 0.0) -> list[dict]:
+    """`num` chat completions, all at once (`spread_s` 0) or with arrivals spread evenly over `spread_s`."""
+    url = urlsplit(base_url)
+
+    async def one(i: int) -> dict:
+        if spread_s > 0:
+            await asyncio.sleep(spread_s * i / num)
+        body = {"messages": [{"role": "user", "content": f"Count from {i % 50} to {i % 50 + 9}."}],
+                "max_tokens": max_tokens, "temperature": 0, "user": f"overload-{i}"}
+        return await _post(url.hostname or "127.0.0.1", url.port or 80, "/v1/chat/completions", body, headers,
+                           timeout_s)
+
+    return await asyncio.gather(*(one(i) for i in range(num)))
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -89,7 +139,12 @@ def _pct(values: list[float], q: float) -> float | None:
 
 def run_overload(args: dict[str, Any], multiple: float = 10.0, max_tokens: int = 16,
                  rss_bound_mb: float | None = None, timeout_s: float = 300.0,
-                 headers: dict[str, str] | None = None) -> dict:
+                 headers: dict[str, str] | None = None, burst: bool = True) -> dict:
+    """Three phases on one running app: `calibrate` (the admission limit's worth at once: every request is
+    admitted; its completion rate is the cluster's capacity), `sustained` (multiple x limit requests arriving
+    evenly at multiple x that rate: the load is 10x what the cluster serves, in count and in rate) and, with
+    `burst`, `burst` (multiple x limit all in the same instant: every refusal then queues behind the others
+    in the HTTP path, so its latency measures how fast the path refuses, ~1 ms each here)."""
     import ray
     from ray import serve
 
@@ -97,49 +152,71 @@ def run_overload(args: dict[str, Any], multiple: float = 10.0, max_tokens: int =
     from dspark.cluster.config import ServeAppConfig
 
     cfg = ServeAppConfig.model_validate(args)
-    limit = cfg.num_replicas * (cfg.capacity + cfg.max_queued_requests * max(1, len(cfg.ab_arms)))
+    limit = cfg.num_replicas * cfg.admission_limit
     num = int(round(multiple * limit))
     port = free_port()
     base_url = f"http://127.0.0.1:{port}"
+    hdrs = headers or {}
+    phases: dict[str, dict] = {}
+    records: list[dict] = []
     ray.init(include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(build_app(args), name="dspark", route_prefix="/")
         wait_healthy(base_url, 900)
-        # warm-up: one request per arm's worth, so first-request costs are not in the figures
-        asyncio.run(_fire(base_url, 4, max_tokens, headers or {}, timeout_s))
+        # warm-up: first-request costs are not in the figures
+        asyncio.run(_fire(base_url, 4, max_tokens, hdrs, timeout_s))
         rss_before = _session_rss_mb()
         bound = rss_bound_mb if rss_bound_mb is not None else rss_before + 512.0
-        t0 = time.perf_counter()
         with _RssSampler() as rss:
-            records = asyncio.run(_fire(base_url, num, max_tokens, headers or {}, timeout_s))
-        wall_s = time.perf_counter() - t0
-        leftover = _engine_leftovers(base_url, headers or {})
+            t0 = time.perf_counter()
+            cal = asyncio.run(_fire(base_url, limit, max_tokens, hdrs, timeout_s))
+            cal_wall = time.perf_counter() - t0
+            capacity_rps = sum(1 for r in cal if r["status"] == 200) / cal_wall
+            phases["calibrate"] = {**_summary(cal, cal_wall), "capacity_rps": round(capacity_rps, 2)}
+            runs = [("sustained", num / (multiple * max(capacity_rps, 1e-3)))] + ([("burst", 0.0)] if burst else [])
+            for name, spread_s in runs:
+                time.sleep(2.0)  # the previous phase's requests are done; let the engines go idle
+                t0 = time.perf_counter()
+                recs = asyncio.run(_fire(base_url, num, max_tokens, hdrs, timeout_s, spread_s))
+                phases[name] = {**_summary(recs, time.perf_counter() - t0), "spread_s": round(spread_s, 2),
+                                "arrival_rps": round(num / spread_s, 2) if spread_s else None}
+                records += recs
+        leftover = _engine_leftovers(base_url, hdrs)
         rss_after = _session_rss_mb()
     finally:
         serve.shutdown()
         ray.shutdown()
+    everything = cal + records
+    return {
+        "bench": "overload", "admission_limit": limit, "multiple": multiple, "max_tokens": max_tokens,
+        "num_sent": len(everything),
+        "num_5xx_other_than_503": sum(1 for r in everything if (r["status"] or 0) >= 500 and r["status"] != 503),
+        "num_no_response": sum(1 for r in everything if r["status"] is None),
+        "phases": phases,
+        "rss_mb": {"before": round(rss_before, 1), "peak": round(max(rss.samples, default=rss_before), 1),
+                   "after": round(rss_after, 1), "bound": round(bound, 1),
+                   "within_bound": max(rss.samples, default=rss_before) <= bound},
+        "engines_after": leftover,
+    }
+
+
+def _summary(records: list[dict], wall_s: float) -> dict:
     ok = [r for r in records if r["status"] == 200]
     refused = [r for r in records if r["status"] in (429, 503)]
     other = [r for r in records if r["status"] not in (200, 429, 503)]
     refused_s = [r["latency_s"] for r in refused]
     ok_s = [r["latency_s"] for r in ok]
     return {
-        "bench": "overload", "admission_limit": limit, "multiple": multiple, "num_sent": num,
-        "max_tokens": max_tokens, "wall_s": round(wall_s, 3),
-        "num_admitted_ok": len(ok), "num_refused": len(refused),
+        "num_sent": len(records), "wall_s": round(wall_s, 3), "num_admitted_ok": len(ok),
+        "num_refused": len(refused),
         "num_refused_with_retry_after": sum(1 for r in refused if r.get("retry_after")),
         "num_refused_with_reason": sum(1 for r in refused if r.get("reason")),
         "num_other": len(other), "other_statuses": sorted({str(r["status"]) for r in other}),
-        "num_5xx_other_than_503": sum(1 for r in records if (r["status"] or 0) >= 500 and r["status"] != 503),
         "refusal_latency_ms": {"p50": _ms(_pct(refused_s, 0.5)), "p99": _ms(_pct(refused_s, 0.99)),
                                "max": _ms(max(refused_s) if refused_s else None)},
         "admitted_latency_s": {"p50": _pct(ok_s, 0.5), "p99": _pct(ok_s, 0.99), "max": max(ok_s) if ok_s else None,
                                "mean": statistics.fmean(ok_s) if ok_s else None},
-        "rss_mb": {"before": round(rss_before, 1), "peak": round(max(rss.samples, default=rss_before), 1),
-                   "after": round(rss_after, 1), "bound": round(bound, 1),
-                   "within_bound": max(rss.samples, default=rss_before) <= bound},
-        "engines_after": leftover,
     }
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from ray import serve
+from ray.serve.config import BackpressureConfig
 
 from dspark.cluster.ab import Arm
 from dspark.cluster.access import KeyRing
@@ -113,9 +114,12 @@ def build_app(args: dict[str, Any]) -> serve.Application:
 
         arms = [config.arm_config(a) for a in config.ab_arms] or [config]
         pools = {arm.arm_name: pool_deployments(arm) for arm in arms}
+    # overload is refused in two places, both before any work: the replica (per arm, up to
+    # max_ongoing_requests in it) and, past that and a short proxy queue, Serve's proxy itself
     deployment = SpecDecodeServer.options(num_replicas=config.num_replicas,
                                           max_ongoing_requests=config.max_ongoing_requests,
-                                          # past this many waiting in Serve's proxy, Serve itself answers 503
-                                          max_queued_requests=config.max_ongoing_requests,
+                                          max_queued_requests=config.admission_slack,
+                                          backpressure_config=BackpressureConfig(
+                                              status_code=429, retry_after_s=config.proxy_retry_after_s),
                                           ray_actor_options=actor_options)
     return deployment.bind(config, pools)

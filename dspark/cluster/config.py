@@ -9,6 +9,7 @@ verify worker's capacity K.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Literal
 
@@ -31,9 +32,20 @@ class WorkerResources(BaseModel):
         default_factory=dict, description="Custom logical resources, e.g. {'draft_node': 1} to pin a pool "
                                           "to nodes started with `ray start --resources`.")
     num_threads: int | None = Field(None, ge=1, description="Torch CPU threads; null: num_cpus rounded, >= 1.")
+    nice: int = Field(0, ge=0, le=19, description="CPU niceness the worker takes before it starts computing. "
+                                                  "Where pools share cores with Serve's proxy and the ingress "
+                                                  "(one machine), a few points keep the request path - "
+                                                  "admission, 429s, streaming - answering while the model "
+                                                  "computes; on dedicated nodes it changes nothing.")
 
     def threads(self) -> int:
         return self.num_threads or max(1, round(self.num_cpus))
+
+    def apply_nice(self) -> None:
+        """Lower this process's CPU priority by `nice` (Linux: the calling thread and every thread it starts
+        later, so call it before torch builds its thread pool)."""
+        if self.nice:
+            os.nice(self.nice)
 
     def actor_options(self) -> dict[str, Any]:
         options: dict[str, Any] = {"num_cpus": self.num_cpus}
@@ -90,9 +102,14 @@ class ServeAppConfig(BaseModel):
                                 "(the ingress only routes there).")
     num_gpus_per_replica: float = Field(0.0, ge=0, description="Ray GPUs reserved per replica.")
     max_ongoing_requests: int | None = Field(
-        None, ge=1, description="Requests Serve lets into a replica; null: 16x the admission limit (capacity + "
-                                "max_queued_requests, per arm) plus 256, so the replica itself answers overload "
-                                "with 429 + Retry-After in microseconds rather than Serve's proxy queueing it.")
+        None, ge=1, description="Requests Serve lets into an ingress replica; null: the admission limit "
+                                "(capacity + max_queued_requests, per arm) plus a slack of a quarter of it (at "
+                                "least 8). Up to that many, the replica admits or answers 429 itself (per arm, "
+                                "Retry-After from the measured drain rate); past it Serve's proxy queues at most "
+                                "the slack again and answers the rest 429 + Retry-After itself, without a round "
+                                "trip to the replica - what keeps a burst of refusals cheap.")
+    proxy_retry_after_s: float = Field(
+        2.0, ge=0, description="Retry-After of the 429s Serve's proxy answers past max_ongoing_requests.")
 
     mode: Literal["inline", "colocated", "decoupled"] = Field(
         "inline", description="inline: engine in the Serve replica; colocated: VerifyWorker pool with "
@@ -194,11 +211,19 @@ class ServeAppConfig(BaseModel):
                     raise ValueError(f"arm {arm.name!r} may not override ab_arms, cluster_name or arm_name")
                 self.arm_config(arm)  # each arm's config is valid on its own, or this one is not
         if self.max_ongoing_requests is None:
-            # room past the admission limit, so an overloaded replica answers 429 at once instead of
-            # Serve's proxy queueing the excess where no one refuses it
-            limit = self.capacity + self.max_queued_requests * max(1, len(self.ab_arms))
-            self.max_ongoing_requests = 16 * max(2 * self.max_num_seqs, limit) + 256
+            self.max_ongoing_requests = self.admission_limit + self.admission_slack
         return self
+
+    @property
+    def admission_limit(self) -> int:
+        """Requests one ingress replica admits (batched or queued), all arms together; past it: 429."""
+        return self.capacity + self.max_queued_requests * max(1, len(self.ab_arms))
+
+    @property
+    def admission_slack(self) -> int:
+        """Requests past the admission limit Serve lets into the replica (refused there) and queues in its
+        proxy (refused by the proxy past that)."""
+        return max(8, self.admission_limit // 4)
 
     def engine_config(self, num_threads: int | None = None) -> EngineConfig:
         num_threads = num_threads or self.num_threads or max(1, round(self.num_cpus_per_replica))

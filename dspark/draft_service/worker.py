@@ -26,6 +26,7 @@ from dspark.verify_service.engine import resolve_dtype
 class DraftWorker:
     def __init__(self, worker_id: str, config: ServeAppConfig) -> None:
         self.worker_id, self.config = worker_id, config
+        config.draft_worker.apply_nice()
         torch.set_num_threads(config.draft_worker.threads())
         device = config.draft_device or ("cuda" if config.draft_worker.num_gpus else config.device)
         # the verify side's dtype (auto: measured for verification), so features arrive as the drafter expects

@@ -43,6 +43,7 @@ class VerifyWorker:
     def __init__(self, worker_id: str, config: ServeAppConfig) -> None:
         self.worker_id, self.config = worker_id, config
         engine_cfg = config.worker_engine_config()
+        config.verify_worker.apply_nice()
         torch.set_num_threads(engine_cfg.num_threads or 1)
         target = load_target(engine_cfg.target, engine_cfg.device, resolve_dtype(engine_cfg))
         drafter = None
