@@ -1,4 +1,5 @@
-"""10x the admission limit, at 10x the measured completion rate and then all at once, against the real Serve app (tiny model, loopback): every admitted request
+"""10x the admission limit, at 10x the measured completion rate and then all at once, against the real Serve
+app (tiny model, loopback): every admitted request
 completes, every other one is a 429/503 with Retry-After and a reason, no other 5xx, nothing left behind."""
 
 from __future__ import annotations
@@ -6,14 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from dspark.bench.overload import run_overload
-from tests.test_serve_http import MAX_MODEL_LEN, MODEL
+from tests.test_serve_http import MODEL
 
 
 def test_ten_times_the_limit_is_refused_cleanly_and_admitted_requests_complete(tiny_target_dir: Path) -> None:
-    args = {"target": str(tiny_target_dir), "model_name": MODEL, "max_model_len": MAX_MODEL_LEN, "max_num_seqs": 2,
+    args = {"target": str(tiny_target_dir), "model_name": MODEL, "max_model_len": 2048, "max_num_seqs": 2,
             "max_queued_requests": 2, "num_threads": 1, "drafter": "ngram", "scheduler": "fixed",
             "num_draft_tokens": 3}
-    res = run_overload(args, multiple=10, max_tokens=24)
+    res = run_overload(args, multiple=10, max_tokens=24, hangup_max_tokens=2000)
     limit = res["admission_limit"]
     assert res["num_5xx_other_than_503"] == 0 and res["num_no_response"] == 0, res
     assert res["phases"]["calibrate"]["num_admitted_ok"] == limit  # the limit's worth is all admitted
@@ -24,5 +25,10 @@ def test_ten_times_the_limit_is_refused_cleanly_and_admitted_requests_complete(t
         assert phase["num_refused"] > 0 and phase["num_other"] == 0, phase
         assert phase["num_refused_with_retry_after"] == phase["num_refused_with_reason"] == phase["num_refused"]
     assert res["phases"]["burst"]["num_admitted_ok"] >= limit
+    gone = res["phases"]["disconnect"]
+    assert gone["num_hung_up"] == gone["num_streams"] > 0 and gone["freed_within_s"] is not None, gone
+    # every hang-up reached the ingress before its stream could finish (2,000 tokens: seconds even here), and
+    # closing the engine's stream aborted the request: none ended as `length`, and the engines hold nothing
+    assert gone["num_recorded_aborted"] == gone["num_streams"], gone
     assert res["engines_after"] == {"vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0,
                                     "dspark_draft_contexts": 0.0}

@@ -37,13 +37,15 @@ def _quantile(xs: list[float], q: float) -> float:
 
 
 def arm_metrics(records: list[dict]) -> dict[str, float]:
-    ok = [r for r in records if not r.get("is_error")]
+    # a request whose client hung up (is_aborted) is neither a success to time nor a server error
+    ok = [r for r in records if not r.get("is_error") and not r.get("is_aborted")]
     decode = [r["num_output_tokens"] / (r["e2e_s"] - r["ttft_s"]) for r in ok
               if r["e2e_s"] > r["ttft_s"] and r["num_output_tokens"] > 1]
     span = (max((r["start_s"] + r["e2e_s"] for r in ok), default=0.0) - min((r["start_s"] for r in ok), default=0.0))
     steps = sum(r.get("num_steps", 0) for r in ok)
     return {
         "num_requests": float(len(records)),
+        "num_aborted": float(sum(1 for r in records if r.get("is_aborted"))),
         "tps_user_p50": statistics.median(decode) if decode else float("nan"),
         "ttft_p50_s": _quantile([r["ttft_s"] for r in ok], 0.5),
         "ttft_p99_s": _quantile([r["ttft_s"] for r in ok], 0.99),

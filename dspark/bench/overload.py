@@ -130,6 +130,40 @@ async def _fire(base_url: str, num: int, max_tokens: int, headers: dict[str, str
     return await asyncio.gather(*(one(i) for i in range(num)))
 
 
+async def _open_and_hang_up(host: str, port: int, i: int, max_tokens: int, headers: dict[str, str],
+                            timeout_s: float) -> dict:
+    """A streaming chat completion that hangs up after its first token arrives (a client gone mid-stream)."""
+    body = json.dumps({"messages": [{"role": "user", "content": f"Tell a long story about the number {i}."}],
+                       "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
+                       "user": f"hangup-{i}"}).encode()
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    req = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+           f"Content-Length: {len(body)}\r\n{head}Connection: close\r\n\r\n").encode() + body
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+        writer.write(req)
+        await writer.drain()
+        status_line = await asyncio.wait_for(reader.readline(), timeout_s)
+        status = int(status_line.split(b" ", 2)[1])
+        seen = b""
+        while status == 200 and b'"content"' not in seen:  # a content delta: the request is decoding
+            chunk = await asyncio.wait_for(reader.read(4096), timeout_s)
+            if not chunk:
+                break
+            seen += chunk
+        writer.transport.abort()  # hang up: no FIN handshake, as a killed client would
+        return {"status": status, "hung_up_at": time.monotonic()}
+    except (OSError, TimeoutError, ValueError, IndexError) as exc:
+        return {"status": None, "error": type(exc).__name__}
+
+
+async def _hang_up_many(base_url: str, num: int, max_tokens: int, headers: dict[str, str],
+                        timeout_s: float) -> list[dict]:
+    url = urlsplit(base_url)
+    return await asyncio.gather(*(_open_and_hang_up(url.hostname or "127.0.0.1", url.port or 80, i, max_tokens,
+                                                    headers, timeout_s) for i in range(num)))
+
+
 def _pct(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -139,12 +173,14 @@ def _pct(values: list[float], q: float) -> float | None:
 
 def run_overload(args: dict[str, Any], multiple: float = 10.0, max_tokens: int = 16,
                  rss_bound_mb: float | None = None, timeout_s: float = 300.0,
-                 headers: dict[str, str] | None = None, burst: bool = True) -> dict:
+                 headers: dict[str, str] | None = None, burst: bool = True, hangup_max_tokens: int = 1024) -> dict:
     """Three phases on one running app: `calibrate` (the admission limit's worth at once: every request is
     admitted; its completion rate is the cluster's capacity), `sustained` (multiple x limit requests arriving
     evenly at multiple x that rate: the load is 10x what the cluster serves, in count and in rate) and, with
     `burst`, `burst` (multiple x limit all in the same instant: every refusal then queues behind the others
-    in the HTTP path, so its latency measures how fast the path refuses, ~1 ms each here)."""
+    in the HTTP path, so its latency measures how fast the path refuses, ~1 ms each here), then `disconnect`
+(capacity's worth of long streams whose clients hang up after the first token: the engines must hold
+nothing soon after, not decode `hangup_max_tokens` for no one)."""
     import ray
     from ray import serve
 
@@ -159,7 +195,8 @@ def run_overload(args: dict[str, Any], multiple: float = 10.0, max_tokens: int =
     hdrs = headers or {}
     phases: dict[str, dict] = {}
     records: list[dict] = []
-    ray.init(include_dashboard=False, log_to_driver=False)
+    # the metrics agents export every 500 ms (Ray's default: 10 s), so /metrics shows the engines' state soon
+    ray.init(include_dashboard=False, log_to_driver=False, _system_config={"metrics_report_interval_ms": 500})
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(build_app(args), name="dspark", route_prefix="/")
@@ -183,6 +220,26 @@ def run_overload(args: dict[str, Any], multiple: float = 10.0, max_tokens: int =
                                 "arrival_rps": round(num / spread_s, 2) if spread_s else None}
                 records += recs
         leftover = _engine_leftovers(base_url, hdrs)
+        # clients that hang up mid-stream: their KV slots and draft contexts must be freed, not decoded to the end
+        num_hangups = min(limit, cfg.capacity)
+        aborted_before = _counter(base_url, hdrs, "vllm:request_success_total", 'finished_reason="abort"')
+        hung = asyncio.run(_hang_up_many(base_url, num_hangups, hangup_max_tokens, hdrs, timeout_s))
+        last = max((r["hung_up_at"] for r in hung if "hung_up_at" in r), default=time.monotonic())
+        # first the aborts must show (the gauges may still read the idle state exported before the streams)
+        num_hung = sum(1 for r in hung if "hung_up_at" in r)
+        deadline = time.monotonic() + 60.0
+        aborted = 0.0
+        while time.monotonic() < deadline:
+            aborted = _counter(base_url, hdrs, "vllm:request_success_total", 'finished_reason="abort"') - aborted_before
+            if aborted >= num_hung:
+                break
+            time.sleep(0.25)
+        freed = _engine_leftovers(base_url, hdrs, timeout_s=120.0)
+        phases["disconnect"] = {"num_streams": num_hangups, "num_hung_up": num_hung,
+                                "max_tokens_each": hangup_max_tokens, "engines_after": freed,
+                                "num_recorded_aborted": aborted,
+                                "freed_within_s": round(time.monotonic() - last, 2) if not any(freed.values())
+                                else None, "note": "upper bound: /metrics polled, exported every 0.5 s"}
         rss_after = _session_rss_mb()
     finally:
         serve.shutdown()
@@ -241,7 +298,14 @@ def _engine_leftovers(base_url: str, headers: dict[str, str], timeout_s: float =
                 out[name] += float(line.rsplit(" ", 1)[1])
         if not any(out.values()) or time.monotonic() > deadline:
             return out
-        time.sleep(2.0)
+        time.sleep(0.5)
+
+
+def _counter(base_url: str, headers: dict[str, str], name: str, label: str) -> float:
+    """The sum of a counter's series carrying `label`, from /metrics."""
+    text = httpx.get(f"{base_url}/metrics", headers=headers, timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") and label in line)
 
 
 def load_serve_args(path: Path, app_name: str | None = None) -> dict:

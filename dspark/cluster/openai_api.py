@@ -11,6 +11,7 @@ a traceback, an address or a path. Bearer keys guard every route (`access.py`); 
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import logging
@@ -561,12 +562,17 @@ class _RequestRecord:
         if out.new_token_ids:
             self.last_s = now
 
-    def write(self, stream: TextStream, is_error: bool) -> None:
+    def write(self, stream: TextStream, is_error: bool, is_aborted: bool = False) -> None:
+        """`is_aborted`: the client went away mid-request (vLLM's finish reason `abort`); the engine's
+        generator has been closed, which frees its KV slot and draft context."""
         now = time.perf_counter()
         n = len(stream.token_ids)
         m = self.metrics
         if m is not None:
-            if is_error:
+            if is_aborted:
+                m.inc("vllm:generation_tokens_total", n)
+                m.inc("vllm:request_success_total", finished_reason="abort")
+            elif is_error:
                 m.inc("dspark_request_errors_total", status="stream")
             else:
                 m.observe("vllm:time_to_first_token_seconds", self.first_s - self.start_s)
@@ -582,27 +588,31 @@ class _RequestRecord:
             "arm": self.arm, "request_id": self.request_id, "start_s": self.start_wall_s,
             "ttft_s": self.first_s - self.start_s, "e2e_s": now - self.start_s,
             "num_output_tokens": n, "num_steps": stream.num_steps,
-            "num_verified": stream.num_verified, "num_accepted": stream.num_accepted, "is_error": is_error}) + "\n")
+            "num_verified": stream.num_verified, "num_accepted": stream.num_accepted, "is_error": is_error,
+            "is_aborted": is_aborted}) + "\n")
 
 
 async def _drain(first: RequestOutput, gen: AsyncIterator[RequestOutput], stream: TextStream,
                  record: _RequestRecord) -> None:
     # aclose in finally: a client that hangs up cancels us here, and closing the engine's
     # generator is what aborts the request and frees its cache slot
-    is_error = True
+    is_error, is_aborted = True, False
     try:
         async for out in _outputs(first, gen):
             stream.add(out)
             record.on_output(out)
         is_error = False
+    except (asyncio.CancelledError, GeneratorExit):
+        is_aborted = True
+        raise
     finally:
         await gen.aclose()
-        record.write(stream, is_error)
+        record.write(stream, is_error and not is_aborted, is_aborted)
 
 
 async def _sse(first: RequestOutput, gen: AsyncIterator[RequestOutput], stream: TextStream,
                chunk: Callable[[str, bool], str], record: _RequestRecord) -> AsyncIterator[str]:
-    is_error = True
+    is_error, is_aborted = True, False
     try:
         async for out in _outputs(first, gen):
             stream.add(out)
@@ -616,9 +626,12 @@ async def _sse(first: RequestOutput, gen: AsyncIterator[RequestOutput], stream: 
         log.warning("stream failed: %s", exc)
         info = ErrorInfo(message="the engine became unavailable; retry later", type="service_unavailable_error")
         yield f"data: {ErrorResponse(error=info).model_dump_json()}\n\n"
+    except (asyncio.CancelledError, GeneratorExit):  # the client hung up mid-stream
+        is_aborted = True
+        raise
     else:
         is_error = False
     finally:
         await gen.aclose()
-        record.write(stream, is_error)
+        record.write(stream, is_error and not is_aborted, is_aborted)
     yield "data: [DONE]\n\n"
