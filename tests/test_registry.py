@@ -45,3 +45,31 @@ def test_a_replica_that_leaves_frees_its_partner_at_once() -> None:
     assert reg.assign_draft("v1", now_s=0.0) == "d1"
     reg.leave("v1")
     assert reg.assign_draft("v2", now_s=0.0) == "d1"
+
+
+def test_a_new_draft_replica_takes_one_verify_partner_from_the_loaded_one() -> None:
+    reg = Registry()
+    reg.heartbeat("draft", "d1", now_s=0.0)
+    for rid in ("v1", "v2", "v3"):
+        reg.heartbeat("verify", rid, now_s=0.0)
+        assert reg.assign_draft(rid, max_partners=3, now_s=0.0) == "d1"  # M:N: one draft replica for three
+    assert all(reg.rebalance(v, max_partners=3, now_s=0.0) is None for v in ("v1", "v2", "v3"))  # nowhere to go
+    reg.heartbeat("draft", "d2", now_s=1.0)  # the draft pool scaled up
+    assert reg.rebalance("v1", max_partners=3, now_s=1.0) is None  # one mover per pass: the last by id
+    assert reg.rebalance("v3", max_partners=3, now_s=1.0) == "d2"
+    # d1 has 2, d2 has 1: moving another would not even it out
+    assert all(reg.rebalance(v, max_partners=3, now_s=1.0) is None for v in ("v1", "v2", "v3"))
+    assert sorted(reg.partner.values()) == ["d1", "d1", "d2"]
+
+
+def test_a_draining_draft_replicas_partners_move_where_there_is_room() -> None:
+    reg = Registry()
+    for rid in ("d1", "d2"):
+        reg.heartbeat("draft", rid, now_s=0.0)
+    reg.heartbeat("verify", "v1", now_s=0.0)
+    reg.heartbeat("verify", "v2", now_s=0.0)
+    assert {reg.assign_draft("v1", now_s=0.0), reg.assign_draft("v2", now_s=0.0)} == {"d1", "d2"}
+    reg.heartbeat("draft", "d2", is_draining=True, now_s=1.0)
+    leaving = next(v for v, d in reg.partner.items() if d == "d2")
+    assert reg.rebalance(leaving, max_partners=1, now_s=1.0) is None  # 1 per draft replica: no room on d1
+    assert reg.rebalance(leaving, max_partners=2, now_s=1.0) == "d1"

@@ -82,6 +82,10 @@ AUTOSCALING_POLICY = {"policy_function": "dspark.autoscale.serve_policy:PoolAuto
                                         "tpot_p50_s": 1e3, "max_queue_per_replica": 1e3, "max_draft_wait_ms": 1e4}}
 
 
+# the tiny model's n-gram drafts keep a draft replica ~0.1-0.5% busy under 8 clients, 0 when idle
+DRAFT_BUSY_HIGH = 1e-4
+
+
 @contextlib.contextmanager
 def deployed(args: dict, policy: dict, headers: dict | None = None) -> Iterator[httpx.Client]:
     """The app deployed the declarative way (`serve run <yaml>` does this), with an application-level policy."""
@@ -131,3 +135,45 @@ def test_pools_scale_up_and_down_with_the_load_and_lose_nothing(tiny_target_dir:
         logs = "".join(Path(p).read_text(errors="replace") for p in
                        glob.glob("/tmp/ray/session_latest/logs/serve/controller_*.log"))
         assert "dspark autoscale default-verify: 1 -> 2" in logs and "dspark autoscale default-verify: 2 -> 1" in logs
+
+
+def _partners(http: httpx.Client) -> dict[str, str | None]:
+    verify = http.get("/v1/dspark/stats").json().get("scheduler", {}).get("replicas", {}).get("verify", {})
+    return {v: info.get("draft_partner") for v, info in verify.items()}
+
+
+def test_the_draft_pool_scales_on_its_own_signal_while_the_verify_pool_holds(tiny_target_dir: Path) -> None:
+    """Two verify replicas share one draft replica (max_verify_per_draft 2); the draft replica's utilisation
+    alone scales the draft pool 1 -> 2 (a verify replica moves to the new one) and back, with the verify
+    pool fixed at 2; nothing fails across the moves."""
+    args = app_args(tiny_target_dir, pools="serve", cluster_name="dspark-draftscale", max_num_seqs=8,
+                    num_verify_workers=2, num_draft_workers=1, max_verify_per_draft=2,
+                    verify_autoscaling={"min_replicas": 2, "max_replicas": 2},
+                    draft_autoscaling={"min_replicas": 1, "max_replicas": 2})
+    policy = {"policy_function": AUTOSCALING_POLICY["policy_function"],
+              "policy_kwargs": {**AUTOSCALING_POLICY["policy_kwargs"], "knee_tokens": 1e6, "max_verify_per_draft": 2,
+                                "draft_utilisation_high": DRAFT_BUSY_HIGH}}
+    with deployed(args, policy) as http:
+        assert _wait(lambda: _running("default-verify") == 2 and _running("default-draft") == 1, 120)
+        assert _wait(lambda: len(set(_partners(http).values()) - {None}) == 1 and None not in _partners(http).values(),
+                     60), _partners(http)  # both verify replicas draft on the one draft replica
+        heavy = _Load(http, 8)
+        scaled_up = _wait(lambda: _running("default-draft") == 2, 120)
+        moved = _wait(lambda: len(set(_partners(http).values()) - {None}) == 2, 60)  # one moved to the new one
+        time.sleep(2)
+        results = heavy.finish()
+        assert scaled_up, "the draft pool did not scale up on its utilisation"
+        assert moved, f"no verify replica moved to the new draft replica: {_partners(http)}"
+        assert _running("default-verify") == 2
+        scaled_down = _wait(lambda: _running("default-draft") == 1, 120)
+        light = _Load(http, 1)  # requests across the partner loss: the orphaned verify replica re-pairs
+        repaired = _wait(lambda: len(set(_partners(http).values()) - {None}) == 1, 60)
+        time.sleep(3)
+        results += light.finish()
+        assert scaled_down, "the draft pool did not go back to 1 replica"
+        assert repaired, _partners(http)
+        assert results and all(results), f"{results.count(False)} of {len(results)} requests failed"
+        logs = "".join(Path(p).read_text(errors="replace") for p in
+                       glob.glob("/tmp/ray/session_latest/logs/serve/controller_*.log"))
+        assert "dspark autoscale default-draft: 1 -> 2" in logs and "dspark autoscale default-draft: 2 -> 1" in logs
+        assert "dspark autoscale default-verify: 2 -> 3" not in logs

@@ -4,7 +4,9 @@ Replicas of the Serve pools announce themselves with a heartbeat every few secon
 (killed, scaled down, its node gone) drops out after `ttl_s`. All of it is soft state: a restarted
 SchedulerActor knows every live replica again after one heartbeat period. Pairing is M:N: a verify
 replica gets the live draft replica with the fewest verify partners, so one draft replica may serve
-several verify replicas.
+several verify replicas. When the draft pool grows (or a draft replica drains), `rebalance` moves verify
+replicas one at a time from the most loaded (or draining) draft replica to the least loaded one, so a new
+draft replica takes its share of the drafting, which is what lets the draft pool scale on its own signal.
 """
 
 from __future__ import annotations
@@ -64,12 +66,8 @@ class Registry:
         `exclude`, e.g. one that just failed); None when every one is taken."""
         now_s = time.time() if now_s is None else now_s
         drafts = [d for d in self.live("draft", now_s) if d not in exclude]
-        counts = {d: 0 for d in drafts}
-        for v, d in self.partner.items():
-            m = self.members.get(v)
-            # a verify replica silent for a few heartbeats is dead: its draft partner is free again
-            if d in counts and v != verify_id and m is not None and now_s - m.last_seen_s <= self.partner_stale_s:
-                counts[d] += 1
+        # a verify replica silent for a few heartbeats is dead: its draft partner is free again
+        counts = self._partner_counts(drafts, now_s, skip=verify_id)
         free = [d for d in drafts if counts[d] < max_partners]
         if not free:
             self.partner.pop(verify_id, None)
@@ -77,6 +75,35 @@ class Registry:
         best = min(free, key=lambda d: (counts[d], d))
         self.partner[verify_id] = best
         return best
+
+    def _partner_counts(self, drafts: list[str], now_s: float, skip: str | None = None) -> dict[str, int]:
+        counts = {d: 0 for d in drafts}
+        for v, d in self.partner.items():
+            m = self.members.get(v)
+            if d in counts and v != skip and m is not None and now_s - m.last_seen_s <= self.partner_stale_s:
+                counts[d] += 1
+        return counts
+
+    def rebalance(self, verify_id: str, max_partners: int = 1, now_s: float | None = None) -> str | None:
+        """A draft replica `verify_id` should move to, or None to stay. It moves when its partner drains,
+        or when its partner carries at least two more verify replicas than the least loaded live draft
+        replica and it is the last (by id) of its partner's verify replicas, so one moves per pass."""
+        now_s = time.time() if now_s is None else now_s
+        current = self.partner.get(verify_id)
+        if current is None or current not in self.members:
+            return None  # unpaired: assign_draft's business
+        drafts = self.live("draft", now_s)  # not draining
+        counts = self._partner_counts(drafts, now_s)
+        targets = [d for d in drafts if d != current and counts[d] < max_partners]
+        if not targets:
+            return None
+        best = min(targets, key=lambda d: (counts[d], d))
+        draining = self.members[current].is_draining
+        mine = sorted(v for v, d in self.partner.items() if d == current and v in self.members)
+        if draining or (counts.get(current, 0) - counts[best] >= 2 and mine and mine[-1] == verify_id):
+            self.partner[verify_id] = best
+            return best
+        return None
 
     def num_unpaired(self, now_s: float | None = None) -> int:
         """Live verify replicas without a live draft partner."""

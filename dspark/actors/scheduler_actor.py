@@ -61,6 +61,9 @@ class SchedulerActor:
     def assign_draft(self, verify_id: str, exclude: list[str] | None = None, max_partners: int = 1) -> str | None:
         return self.registry.assign_draft(verify_id, tuple(exclude or ()), max_partners)
 
+    def rebalance_draft(self, verify_id: str, max_partners: int = 1) -> str | None:
+        return self.registry.rebalance(verify_id, max_partners)
+
     def ping(self) -> float:
         return self.scheduler.started_s
 

@@ -69,6 +69,7 @@ class PoolAutoscaler:
             if "verify" in pools:
                 dep_id, ctx = pools["verify"]
                 d = policy.decide_verify(now_s, self._verify_signals(ctx, now_s), self._pending(ctx))
+                _clamp(d, ctx)
                 decisions[dep_id] = verify_target = d.target
                 state[dep_id] = self._record(arm, d)
             if "draft" in pools:
@@ -84,6 +85,7 @@ class PoolAutoscaler:
                         d.reasons.append(f"bounded to [{low}, {high}] by the verify pool's {verify_target} "
                                          f"(up to {self.max_verify_per_draft} per draft replica)")
                         d.target = bounded
+                _clamp(d, ctx)
                 decisions[dep_id] = d.target
                 state[dep_id] = self._record(arm, d)
         return decisions, state
@@ -122,3 +124,14 @@ class PoolAutoscaler:
             log.info("dspark autoscale %s: %d -> %d (%s)", key, d.current, d.target, "; ".join(d.reasons))
         self.last[key] = summary
         return {"last_decision": summary}
+
+
+def _clamp(d: Any, ctx: Any) -> None:
+    """Within the deployment's own autoscaling bounds (Serve clamps as well; the draft pool's bounds are
+    derived from the verify pool's target, so that must be what Serve will really run)."""
+    low = int(getattr(ctx, "capacity_adjusted_min_replicas", 1))
+    high = int(getattr(ctx, "capacity_adjusted_max_replicas", 1 << 20))
+    bounded = min(high, max(low, d.target))
+    if bounded != d.target:
+        d.reasons.append(f"held within the pool's bounds [{low}, {high}]")
+        d.target = bounded

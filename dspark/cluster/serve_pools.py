@@ -38,6 +38,7 @@ from dspark.verify_service.request import RequestOutput, SamplingParams
 from dspark.verify_service.worker import VerifyWorker
 
 log = logging.getLogger(__name__)
+_REBALANCE_EVERY_S = 5.0  # how often a paired verify replica asks whether to move to another draft replica
 
 HEARTBEAT_S = 2.0
 NAMESPACE = "dspark"
@@ -140,19 +141,32 @@ class VerifyReplica(VerifyWorker):
 
     # ---- pairing (decoupled) ---------------------------------------------------------------------
     def _pair_loop(self) -> None:
+        """Pairs while unpaired; while paired, asks every few seconds whether to move to another draft
+        replica (the draft pool grew, or the partner drains): the switch happens between two steps."""
         failed: list[str] = []
+        last_rebalance = time.monotonic()
         while not self.heartbeat.is_stopped:
             state = self.pair_state()
-            if state["draft_broken"] and not state["reconnect_pending"] and self.draft_pool is not None:
+            if self.draft_pool is not None and not state["reconnect_pending"]:
                 try:
-                    self._pair_once(failed)
+                    if state["draft_broken"]:
+                        self._pair_once(failed)
+                    elif time.monotonic() - last_rebalance >= _REBALANCE_EVERY_S:
+                        last_rebalance = time.monotonic()
+                        did = ray.get(_scheduler(self.config).rebalance_draft.remote(
+                            self.worker_id, self.config.max_verify_per_draft), timeout=10)
+                        if did is not None:
+                            log.info("%s: moving from draft replica %s to %s", self.worker_id, self.draft_worker,
+                                     did)
+                            self._pair_once(failed, did)
                 except Exception as exc:  # noqa: BLE001 - that draft replica is gone: another next time
-                    log.info("%s: pairing failed (%r); target-only until the next try", self.worker_id, exc)
+                    log.info("%s: pairing failed (%r); serving on until the next try", self.worker_id, exc)
             time.sleep(1.0)
 
-    def _pair_once(self, failed: list[str]) -> None:
-        did = ray.get(_scheduler(self.config).assign_draft.remote(
-            self.worker_id, failed[-4:], self.config.max_verify_per_draft), timeout=10)
+    def _pair_once(self, failed: list[str], did: str | None = None) -> None:
+        if did is None:
+            did = ray.get(_scheduler(self.config).assign_draft.remote(
+                self.worker_id, failed[-4:], self.config.max_verify_per_draft), timeout=10)
         if did is None:
             return
         host, port = self.channel_address()
