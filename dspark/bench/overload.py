@@ -17,6 +17,7 @@ import json
 import statistics
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -27,30 +28,52 @@ import psutil
 from dspark.bench.serve_bench import free_port, wait_healthy
 
 
-def _session_rss_mb() -> float:
-    """RSS of this process and every Ray process on the machine (raylet, GCS, workers, replicas)."""
-    total = psutil.Process().memory_info().rss
+def _session_rss_by_process() -> dict[str, float]:
+    """RSS (MiB) of this process and every Ray process on the machine (raylet, GCS, workers, replicas), by
+    process title (`ray::ServeReplica:dspark:dspark-verify`, `ray::ProxyActor`, `raylet`, ...)."""
+    me = psutil.Process()
+    out: dict[str, float] = {"load generator": me.memory_info().rss / 2**20}
     for proc in psutil.process_iter(["name", "cmdline", "memory_info"]):
         try:
             cmd = " ".join(proc.info["cmdline"] or [])
-            if proc.pid != psutil.Process().pid and ("ray::" in cmd or "raylet" in cmd or "gcs_server" in cmd
-                                                     or "ray/_private" in cmd or "ray/dashboard" in cmd):
-                total += proc.info["memory_info"].rss
+            if proc.pid != me.pid and ("ray::" in cmd or "raylet" in cmd or "gcs_server" in cmd
+                                       or "ray/_private" in cmd or "ray/dashboard" in cmd):
+                title = cmd.split()[0] if cmd.startswith("ray::") else (proc.info["name"] or "ray")
+                out[title] = out.get(title, 0.0) + proc.info["memory_info"].rss / 2**20
         except (psutil.NoSuchProcess, psutil.AccessDenied, TypeError):
             continue
-    return total / 2**20
+    return out
+
+
+def _session_rss_mb() -> float:
+    return sum(_session_rss_by_process().values())
 
 
 class _RssSampler:
+    """Total RSS every `interval_s`; the per-process breakdown at the start and at the peak."""
+
     def __init__(self, interval_s: float = 0.25) -> None:
         self.interval_s, self.samples = interval_s, []
+        self.first: dict[str, float] = {}
+        self.at_peak: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.samples.append(_session_rss_mb())
+            by_proc = _session_rss_by_process()
+            total = sum(by_proc.values())
+            if not self.samples:
+                self.first = by_proc
+            if not self.samples or total > max(self.samples):
+                self.at_peak = by_proc
+            self.samples.append(total)
             self._stop.wait(self.interval_s)
+
+    def growth_by_process(self) -> dict[str, float]:
+        """MiB each process grew by from the first sample to the peak, largest first."""
+        grown = {k: round(v - self.first.get(k, 0.0), 1) for k, v in self.at_peak.items()}
+        return dict(sorted(grown.items(), key=lambda kv: -kv[1]))
 
     def __enter__(self) -> _RssSampler:
         self._thread.start()
@@ -187,6 +210,12 @@ nothing soon after, not decode `hangup_max_tokens` for no one)."""
     from dspark.cluster.app import build_app
     from dspark.cluster.config import ServeAppConfig
 
+    # fixed pool sizes: a replica the autoscaler adds mid-run (a model and a KV cache, ~2.7 GB here) would
+    # be counted as memory the overload took, and its start-up would stall the cores the run is timing
+    args = {k: v for k, v in args.items() if k not in ("verify_autoscaling", "draft_autoscaling")}
+    args["ab_arms"] = [{**a, "overrides": {k: v for k, v in (a.get("overrides") or {}).items()
+                                           if k not in ("verify_autoscaling", "draft_autoscaling")}}
+                       for a in args.get("ab_arms") or []]
     cfg = ServeAppConfig.model_validate(args)
     limit = cfg.num_replicas * cfg.admission_limit
     num = int(round(multiple * limit))
@@ -225,8 +254,9 @@ nothing soon after, not decode `hangup_max_tokens` for no one)."""
         aborted_before = _counter(base_url, hdrs, "vllm:request_success_total", 'finished_reason="abort"')
         hung = asyncio.run(_hang_up_many(base_url, num_hangups, hangup_max_tokens, hdrs, timeout_s))
         last = max((r["hung_up_at"] for r in hung if "hung_up_at" in r), default=time.monotonic())
+        num_refused_streams = sum(1 for r in hung if r.get("status") in (429, 503))
         # first the aborts must show (the gauges may still read the idle state exported before the streams)
-        num_hung = sum(1 for r in hung if "hung_up_at" in r)
+        num_hung = sum(1 for r in hung if "hung_up_at" in r and r["status"] == 200)
         deadline = time.monotonic() + 60.0
         aborted = 0.0
         while time.monotonic() < deadline:
@@ -235,7 +265,7 @@ nothing soon after, not decode `hangup_max_tokens` for no one)."""
                 break
             time.sleep(0.25)
         freed = _engine_leftovers(base_url, hdrs, timeout_s=120.0)
-        phases["disconnect"] = {"num_streams": num_hangups, "num_hung_up": num_hung,
+        phases["disconnect"] = {"num_streams": num_hangups, "num_hung_up": num_hung, "num_refused": num_refused_streams,
                                 "max_tokens_each": hangup_max_tokens, "engines_after": freed,
                                 "num_recorded_aborted": aborted,
                                 "freed_within_s": round(time.monotonic() - last, 2) if not any(freed.values())
@@ -253,7 +283,8 @@ nothing soon after, not decode `hangup_max_tokens` for no one)."""
         "phases": phases,
         "rss_mb": {"before": round(rss_before, 1), "peak": round(max(rss.samples, default=rss_before), 1),
                    "after": round(rss_after, 1), "bound": round(bound, 1),
-                   "within_bound": max(rss.samples, default=rss_before) <= bound},
+                   "within_bound": max(rss.samples, default=rss_before) <= bound,
+                   "growth_to_peak_by_process": rss.growth_by_process()},
         "engines_after": leftover,
     }
 
@@ -270,6 +301,7 @@ def _summary(records: list[dict], wall_s: float) -> dict:
         "num_refused_with_retry_after": sum(1 for r in refused if r.get("retry_after")),
         "num_refused_with_reason": sum(1 for r in refused if r.get("reason")),
         "num_other": len(other), "other_statuses": sorted({str(r["status"]) for r in other}),
+        "refusal_reasons": dict(Counter(str(r.get("reason"))[:60] for r in refused).most_common(4)),
         "refusal_latency_ms": {"p50": _ms(_pct(refused_s, 0.5)), "p99": _ms(_pct(refused_s, 0.99)),
                                "max": _ms(max(refused_s) if refused_s else None)},
         "admitted_latency_s": {"p50": _pct(ok_s, 0.5), "p99": _pct(ok_s, 0.99), "max": max(ok_s) if ok_s else None,

@@ -118,7 +118,9 @@ def build_app(args: dict[str, Any]) -> serve.Application:
     # max_ongoing_requests in it) and, past that and a short proxy queue, Serve's proxy itself
     deployment = SpecDecodeServer.options(num_replicas=config.num_replicas,
                                           max_ongoing_requests=config.max_ongoing_requests,
-                                          max_queued_requests=config.admission_slack,
+                                          # the proxy's queue also holds requests its router has not
+                                          # assigned yet: a burst of the admission limit must fit in it
+                                          max_queued_requests=config.admission_limit,
                                           backpressure_config=BackpressureConfig(
                                               status_code=429, retry_after_s=config.proxy_retry_after_s),
                                           ray_actor_options=actor_options)

@@ -102,12 +102,13 @@ class ServeAppConfig(BaseModel):
                                 "(the ingress only routes there).")
     num_gpus_per_replica: float = Field(0.0, ge=0, description="Ray GPUs reserved per replica.")
     max_ongoing_requests: int | None = Field(
-        None, ge=1, description="Requests Serve lets into an ingress replica; null: the admission limit "
-                                "(capacity + max_queued_requests, per arm) plus a slack of a quarter of it (at "
-                                "least 8). Up to that many, the replica admits or answers 429 itself (per arm, "
-                                "Retry-After from the measured drain rate); past it Serve's proxy queues at most "
-                                "the slack again and answers the rest 429 + Retry-After itself, without a round "
-                                "trip to the replica - what keeps a burst of refusals cheap.")
+        None, ge=1, description="Requests Serve lets into an ingress replica; null: four times the admission "
+                                "limit (capacity + max_queued_requests, per arm) plus 64. Past the limit the "
+                                "replica answers 429 itself (per arm; when every arm is full, before reading the "
+                                "body; Retry-After from the measured drain rate). Past max_ongoing_requests "
+                                "Serve's proxy queues up to the admission limit more (its queue also holds "
+                                "requests it has not assigned yet, so a burst of the limit fits) and answers "
+                                "the rest 429 + Retry-After itself, without a round trip to the replica.")
     proxy_retry_after_s: float = Field(
         2.0, ge=0, description="Retry-After of the 429s Serve's proxy answers past max_ongoing_requests.")
 
@@ -221,9 +222,8 @@ class ServeAppConfig(BaseModel):
 
     @property
     def admission_slack(self) -> int:
-        """Requests past the admission limit Serve lets into the replica (refused there) and queues in its
-        proxy (refused by the proxy past that)."""
-        return max(8, self.admission_limit // 4)
+        """Requests past the admission limit Serve lets into the replica, to be refused there."""
+        return 3 * self.admission_limit + 64
 
     def engine_config(self, num_threads: int | None = None) -> EngineConfig:
         num_threads = num_threads or self.num_threads or max(1, round(self.num_cpus_per_replica))

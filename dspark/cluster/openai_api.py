@@ -76,6 +76,7 @@ class GenerateEngine(Protocol):
 
 
 ADMIN_PATHS = ("/v1/dspark/stats", "/metrics")
+GENERATE_PATHS = ("/v1/completions", "/v1/chat/completions")
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 
 
@@ -104,8 +105,10 @@ class GuardMiddleware:
     Bodies larger than `max_body_bytes` are a 413, whether they announce it (Content-Length) or not
     (chunked: the count stops the read at the limit)."""
 
-    def __init__(self, app: Any, keys: KeyRing, max_body_bytes: int, metrics: Metrics | None = None) -> None:
+    def __init__(self, app: Any, keys: KeyRing, max_body_bytes: int, metrics: Metrics | None = None,
+                 admissions: list[Admission] | None = None) -> None:
         self.app, self.keys, self.max_body_bytes, self.metrics = app, keys, max_body_bytes, metrics
+        self.admissions = admissions or []  # every arm's: when all are full, refuse before reading the body
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -135,6 +138,15 @@ class GuardMiddleware:
         scope["state"]["access"] = access
         if scope.get("path", "") in ADMIN_PATHS and access != "admin":
             await _send_error(send_with_id, 403, "this route needs an admin API key", "permission_error")
+            return
+        if (self.admissions and scope.get("path", "") in GENERATE_PATHS
+                and all(a.num_in_flight >= a.limit for a in self.admissions)):
+            # every arm is full: whichever arm this request would get, it would be refused; do it now,
+            # before reading or parsing the body (the cheapest refusal this process can give)
+            for a in self.admissions:
+                a.num_rejected += 1
+            await _send_error(send_with_id, 429, "the server is at capacity; retry later", "rate_limit_error",
+                              {"Retry-After": str(max(a.retry_after_s() for a in self.admissions))})
             return
         try:
             length = int(headers.get("content-length", "0") or 0)
@@ -399,7 +411,9 @@ def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str, key
     any_arm = next(iter(metrics.values()), None) if metrics else None
     guard_metrics = (Metrics(any_arm.labels["model_name"], "any", "ingress", any_arm.labels["replica"])
                      if any_arm is not None else None)
-    app.add_middleware(GuardMiddleware, keys=keys or KeyRing(), max_body_bytes=max_body_bytes, metrics=guard_metrics)
+    admissions = list(admission.values()) if isinstance(admission, dict) else [admission] if admission else []
+    app.add_middleware(GuardMiddleware, keys=keys or KeyRing(), max_body_bytes=max_body_bytes, metrics=guard_metrics,
+                       admissions=admissions)
     started = int(time.time())
 
     def check_model(body_model: str | None) -> None:
