@@ -13,9 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
-import ray
-from ray import serve
 
 from tests.test_cluster_serving import app_args
 from tests.test_engine_lossless import tiny_prompts
@@ -35,10 +34,11 @@ def server(tiny_target_dir: Path) -> Iterator[httpx.Client]:
 
 
 def _ingress_pids() -> list[int]:
-    from ray._private import state
-
-    return sorted(a["Pid"] for a in state.actors().values()
-                  if a["State"] == "ALIVE" and a["ActorClassName"].endswith(f":{INGRESS}"))
+    """The ingress replicas' processes, by their process title (`ray::ServeReplica:dspark:SpecDecodeServer`).
+    Not through Ray's state API or `serve.status()` from this driver: with them, a background thread of this
+    process reconnected to the next test module's cluster after `ray.shutdown()` (test_multinode failed)."""
+    return sorted(p.pid for p in psutil.process_iter(["cmdline"])
+                  if f"ServeReplica:dspark:{INGRESS}" in " ".join(p.info["cmdline"] or []))
 
 
 def _wait(predicate, timeout_s: float, what: str) -> None:  # noqa: ANN001
@@ -100,5 +100,4 @@ def test_one_dead_ingress_replica_does_not_stop_new_requests(server, tiny_target
         return bool(reps) and all(v.get("num_running") == 0 and v.get("num_waiting") == 0 for v in reps.values())
 
     _wait(nothing_held, 60, "the verify pool to hold no request")
-    assert serve.status().applications["dspark"].deployments[INGRESS].status == "HEALTHY"
-    assert ray.is_initialized()
+    assert server.get("/health").status_code == 200
