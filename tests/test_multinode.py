@@ -64,6 +64,7 @@ def test_pools_land_on_the_nodes_their_resources_name_and_serve_across_them(clus
         assert all(stats["workers"][w]["num_messages"] > 0 for w in engine.pools.draft)
         assert all(stats["workers"][w]["transport"] == transport for w in engine.pools.verify)
     finally:
+        engine.shutdown()  # stops its healer thread, which would otherwise call Ray after the module's teardown
         for handle in {**engine.pools.verify, **engine.pools.draft}.values():
             ray.kill(handle)
         ray.kill(engine.pools.scheduler)

@@ -54,7 +54,8 @@ class ClusterEngine:
         self._draft_pids = {did: self.pools.info[did]["pid"] for did in self.pools.draft}
         self._is_shut_down = False
         self._error: str | None = None
-        threading.Thread(target=self._heal_loop, name="dspark-healer", daemon=True).start()
+        self._healer = threading.Thread(target=self._heal_loop, name="dspark-healer", daemon=True)
+        self._healer.start()
 
     @property
     def tokenizer(self) -> Any:
@@ -186,3 +187,7 @@ class ClusterEngine:
         self._is_shut_down = True
         for h in self.pools.verify.values():
             h.shutdown.remote()
+        if self._healer is not threading.current_thread():
+            # a pass in flight finishes first: after this returns, nothing of this engine calls Ray (a call
+            # after ray.shutdown() would connect this process to whatever cluster runs next)
+            self._healer.join(timeout=2 * self.heal_interval_s + 15)
