@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from dspark.bench.serve_bench import free_port, wait_healthy
+from dspark.bench.serve_bench import fixed_pool_args, free_port, wait_healthy
 
 SCENARIOS = {"draft": ("draft-1",), "verify": ("verify-0",), "scheduler": ("scheduler",),
              "draft+verify": ("draft-0", "verify-1")}
@@ -159,7 +159,7 @@ def run_chaos(args: dict[str, Any], prompts: list[str], max_tokens: int = 64, sc
     args = {"mode": "decoupled", "scheduler": "central", "num_verify_workers": 2, "num_draft_workers": 2,
             "cluster_name": "dspark-chaos", **args}
     # fixed pool sizes: a fault must be healed by replacement, not hidden by an autoscaler's choice
-    args = {k: v for k, v in args.items() if k not in ("verify_autoscaling", "draft_autoscaling")}
+    args = fixed_pool_args(args)
     args.update(num_verify_workers=max(2, args["num_verify_workers"]),
                 num_draft_workers=max(2, args["num_draft_workers"]))
     cluster = args["cluster_name"]

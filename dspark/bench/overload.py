@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 import httpx
 import psutil
 
-from dspark.bench.serve_bench import free_port, wait_healthy
+from dspark.bench.serve_bench import fixed_pool_args, free_port, wait_healthy
 
 
 def _session_rss_by_process() -> dict[str, float]:
@@ -84,16 +84,21 @@ class _RssSampler:
         self._thread.join()
 
 
+def _request_bytes(host: str, port: int, path: str, payload: dict, headers: dict[str, str]) -> bytes:
+    """A JSON POST as HTTP/1.1 bytes, on a connection of its own (`Connection: close`)."""
+    body = json.dumps(payload).encode()
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    return (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n{head}Connection: close\r\n\r\n").encode() + body
+
+
 async def _post(host: str, port: int, path: str, payload: dict, headers: dict[str, str],
                 timeout_s: float) -> dict:
     """One HTTP/1.1 POST on its own connection (`Connection: close`), timed from the moment its bytes are
     written. A bare asyncio client: httpx's pool costs O(connections) per request, so 1,280 concurrent
     requests through it take ~30 s on this machine against a server that answers in microseconds, and
     that would be measured as the server's latency."""
-    body = json.dumps(payload).encode()
-    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    req = (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-           f"Content-Length: {len(body)}\r\n{head}Connection: close\r\n\r\n").encode() + body
+    req = _request_bytes(host, port, path, payload, headers)
     t_conn = time.perf_counter()
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
@@ -156,12 +161,10 @@ async def _fire(base_url: str, num: int, max_tokens: int, headers: dict[str, str
 async def _open_and_hang_up(host: str, port: int, i: int, max_tokens: int, headers: dict[str, str],
                             timeout_s: float) -> dict:
     """A streaming chat completion that hangs up after its first token arrives (a client gone mid-stream)."""
-    body = json.dumps({"messages": [{"role": "user", "content": f"Tell a long story about the number {i}."}],
-                       "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
-                       "user": f"hangup-{i}"}).encode()
-    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    req = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-           f"Content-Length: {len(body)}\r\n{head}Connection: close\r\n\r\n").encode() + body
+    req = _request_bytes(host, port, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": f"Tell a long story about the number {i}."}],
+        "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True, "user": f"hangup-{i}"},
+        headers)
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
         writer.write(req)
@@ -212,10 +215,7 @@ nothing soon after, not decode `hangup_max_tokens` for no one)."""
 
     # fixed pool sizes: a replica the autoscaler adds mid-run (a model and a KV cache, ~2.7 GB here) would
     # be counted as memory the overload took, and its start-up would stall the cores the run is timing
-    args = {k: v for k, v in args.items() if k not in ("verify_autoscaling", "draft_autoscaling")}
-    args["ab_arms"] = [{**a, "overrides": {k: v for k, v in (a.get("overrides") or {}).items()
-                                           if k not in ("verify_autoscaling", "draft_autoscaling")}}
-                       for a in args.get("ab_arms") or []]
+    args = fixed_pool_args(args)
     cfg = ServeAppConfig.model_validate(args)
     limit = cfg.num_replicas * cfg.admission_limit
     num = int(round(multiple * limit))
@@ -323,11 +323,7 @@ def _engine_leftovers(base_url: str, headers: dict[str, str], timeout_s: float =
     out: dict[str, float] = {}
     while True:
         text = httpx.get(f"{base_url}/metrics", headers=headers, timeout=30).text
-        out = dict.fromkeys(_HELD, 0.0)
-        for line in text.splitlines():
-            name = line.split("{", 1)[0].split(" ", 1)[0]
-            if name in out:
-                out[name] += float(line.rsplit(" ", 1)[1])
+        out = {name: _metric_sum(text, name) for name in _HELD}
         if not any(out.values()) or time.monotonic() > deadline:
             return out
         time.sleep(0.5)
@@ -335,9 +331,16 @@ def _engine_leftovers(base_url: str, headers: dict[str, str], timeout_s: float =
 
 def _counter(base_url: str, headers: dict[str, str], name: str, label: str) -> float:
     """The sum of a counter's series carrying `label`, from /metrics."""
-    text = httpx.get(f"{base_url}/metrics", headers=headers, timeout=30).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + "{") and label in line)
+    return _metric_sum(httpx.get(f"{base_url}/metrics", headers=headers, timeout=30).text, name, label)
+
+
+def _metric_sum(text: str, name: str, label: str = "") -> float:
+    """The sum over the series of metric `name` (those carrying `label`) in Prometheus text."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.split("{", 1)[0].split(" ", 1)[0] == name and label in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def load_serve_args(path: Path, app_name: str | None = None) -> dict:

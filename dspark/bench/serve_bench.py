@@ -118,6 +118,17 @@ def mixed_chat_prompts(num_prompts: int, datasets: tuple[str, ...], max_prompt_c
     return out[:num_prompts]
 
 
+def fixed_pool_args(args: dict[str, Any]) -> dict[str, Any]:
+    """An app's args with the pools' autoscaling taken out, at the top and in every A/B arm's overrides:
+    for benchmarks whose figures a replica added or removed mid-run would change."""
+    drop = ("verify_autoscaling", "draft_autoscaling")
+    out = {k: v for k, v in args.items() if k not in drop}
+    if out.get("ab_arms"):
+        out["ab_arms"] = [{**a, "overrides": {k: v for k, v in (a.get("overrides") or {}).items() if k not in drop}}
+                          for a in out["ab_arms"]]
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

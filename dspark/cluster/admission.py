@@ -27,8 +27,12 @@ class Admission:
     def limit(self) -> int:
         return self.capacity + self.max_queued_requests
 
+    @property
+    def is_full(self) -> bool:
+        return self.num_in_flight >= self.limit
+
     def try_enter(self) -> bool:
-        if self.num_in_flight >= self.limit:
+        if self.is_full:
             self.num_rejected += 1
             return False
         self.num_in_flight += 1

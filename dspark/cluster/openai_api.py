@@ -140,9 +140,10 @@ class GuardMiddleware:
             await _send_error(send_with_id, 403, "this route needs an admin API key", "permission_error")
             return
         if (self.admissions and scope.get("path", "") in GENERATE_PATHS
-                and all(a.num_in_flight >= a.limit for a in self.admissions)):
+                and all(a.is_full for a in self.admissions)):
             # every arm is full: whichever arm this request would get, it would be refused; do it now,
-            # before reading or parsing the body (the cheapest refusal this process can give)
+            # before reading or parsing the body (the cheapest refusal this process can give); every arm
+            # counts it, since each of them would have refused it
             for a in self.admissions:
                 a.num_rejected += 1
             await _send_error(send_with_id, 429, "the server is at capacity; retry later", "rate_limit_error",
