@@ -6,7 +6,8 @@ at `multiple ×` that rate (limit = what the ingress admits: each arm's batch ca
 bound), then the same count in one instant. Reports per phase how many were admitted and completed, how
 many were refused with 429/503 + Retry-After and how fast (timed from the moment the request's bytes are
 written), any other status, the latency of admitted requests, and the resident memory of every process of
-the Ray session (sampled throughout) against a stated bound. Afterwards the engines must hold no request
+the Ray session (sampled throughout, peak per phase) against a stated bound; the sustained phase runs twice,
+so a level peak shows memory is bounded, not leaking. Afterwards the engines must hold no request
 (no leaked KV slot or draft context). JSON last.
 """
 
@@ -240,13 +241,19 @@ nothing soon after, not decode `hangup_max_tokens` for no one)."""
             cal_wall = time.perf_counter() - t0
             capacity_rps = sum(1 for r in cal if r["status"] == 200) / cal_wall
             phases["calibrate"] = {**_summary(cal, cal_wall), "capacity_rps": round(capacity_rps, 2)}
-            runs = [("sustained", num / (multiple * max(capacity_rps, 1e-3)))] + ([("burst", 0.0)] if burst else [])
+            phases["calibrate"]["rss_peak_mb"] = round(max(rss.samples + [_session_rss_mb()]), 1)
+            # the sustained phase twice: memory that is bounded levels off (allocator arenas warm up in the
+            # first); memory that leaks grows again by as much in the second
+            spread = num / (multiple * max(capacity_rps, 1e-3))
+            runs = [("sustained", spread), ("sustained_again", spread)] + ([("burst", 0.0)] if burst else [])
             for name, spread_s in runs:
                 time.sleep(2.0)  # the previous phase's requests are done; let the engines go idle
+                first_sample = len(rss.samples)
                 t0 = time.perf_counter()
                 recs = asyncio.run(_fire(base_url, num, max_tokens, hdrs, timeout_s, spread_s))
                 phases[name] = {**_summary(recs, time.perf_counter() - t0), "spread_s": round(spread_s, 2),
-                                "arrival_rps": round(num / spread_s, 2) if spread_s else None}
+                                "arrival_rps": round(num / spread_s, 2) if spread_s else None,
+                                "rss_peak_mb": round(max(rss.samples[first_sample:] + [_session_rss_mb()]), 1)}
                 records += recs
         leftover = _engine_leftovers(base_url, hdrs)
         # clients that hang up mid-stream: their KV slots and draft contexts must be freed, not decoded to the end
@@ -284,7 +291,9 @@ nothing soon after, not decode `hangup_max_tokens` for no one)."""
         "rss_mb": {"before": round(rss_before, 1), "peak": round(max(rss.samples, default=rss_before), 1),
                    "after": round(rss_after, 1), "bound": round(bound, 1),
                    "within_bound": max(rss.samples, default=rss_before) <= bound,
-                   "growth_to_peak_by_process": rss.growth_by_process()},
+                   "growth_to_peak_by_process": rss.growth_by_process(),
+                   "second_sustained_growth": round(phases["sustained_again"]["rss_peak_mb"]
+                                                    - phases["sustained"]["rss_peak_mb"], 1)},
         "engines_after": leftover,
     }
 

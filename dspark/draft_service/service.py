@@ -11,6 +11,7 @@ draft round carries only what is new since.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -21,6 +22,8 @@ from typing import Any
 import torch
 
 from dspark.models.drafter import Drafter, DraftRequest
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -45,6 +48,7 @@ class DraftService:
         self.hidden_layers: tuple[int, ...] = tuple(getattr(drafter, "hidden_layers", ()))
         self._tokens: dict[str, list[int]] = {}
         self._owner: dict[str, int] = {}  # request -> the link (verify partner) it came on
+        self._unusable: set[str] = set()  # requests the drafter failed on: they get empty drafts
         self._lock = threading.Lock()
         self.spans: deque[DraftSpan] = deque(maxlen=max_num_spans)
         self.num_messages = 0
@@ -85,12 +89,32 @@ class DraftService:
             batch.append(DraftRequest(req["id"], list(history), req["temperature"]))
         if self.drafter is None or not batch or message["max_num_tokens"] == 0:
             return {"tokens": [[] for _ in batch], "probs": None, "confidences": None}
-        out = self.drafter.propose(batch, message["max_num_tokens"])
-        return {"tokens": out.tokens, "probs": out.probs, "confidences": out.confidences}
+        usable = [r for r in batch if r.request_id not in self._unusable]
+        try:
+            out = self.drafter.propose(usable, message["max_num_tokens"])
+        except Exception:  # noqa: BLE001 - one request's context must not cost the link: find it, skip it
+            log.exception("draft round failed; drafting its requests one by one")
+            usable = [r for r in usable if self._can_draft(r, message["max_num_tokens"])]
+            out = self.drafter.propose(usable, message["max_num_tokens"])
+        if len(usable) == len(batch):
+            return {"tokens": out.tokens, "probs": out.probs, "confidences": out.confidences}
+        by_id = {r.request_id: i for i, r in enumerate(usable)}  # requests without a draft get none (ℓ = 0)
+        return {"tokens": [out.tokens[by_id[r.request_id]] if r.request_id in by_id else [] for r in batch],
+                "probs": None, "confidences": None}
+
+    def _can_draft(self, req: DraftRequest, max_num_tokens: int) -> bool:
+        try:
+            self.drafter.propose([req], max_num_tokens)  # type: ignore[union-attr]
+            return True
+        except Exception as exc:  # noqa: BLE001
+            log.warning("request %s cannot be drafted (%r): target-only from now on", req.request_id, exc)
+            self._unusable.add(req.request_id)
+            return False
 
     def _forget(self, rid: str) -> None:
         self._tokens.pop(rid, None)
         self._owner.pop(rid, None)
+        self._unusable.discard(rid)
         if self.drafter is not None:
             self.drafter.release(rid)
 

@@ -11,6 +11,8 @@ measurement found fastest at its row count (`gemm_plan.py`).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -95,6 +97,19 @@ class TargetRunner:
         self.row_invariant = row_invariant
         self.cache = KVCachePool(self.num_layers, self.num_kv_heads, self.head_dim, max_num_seqs,
                                  max_model_len, self.dtype, self.device)
+
+    @contextlib.contextmanager
+    def scratch_cache(self, num_seqs: int, max_len: int) -> Iterator[KVCachePool]:
+        """A temporary KV pool of `num_seqs` slots × `max_len` positions in place of the serving cache:
+        forwards inside it recompute what the cached requests already hold (their features) without
+        touching their K/V. Engine thread only, like every forward."""
+        kept = self.cache
+        self.cache = KVCachePool(self.num_layers, self.num_kv_heads, self.head_dim, num_seqs,
+                                 min(max_len, kept.max_model_len), self.dtype, self.device)
+        try:
+            yield self.cache
+        finally:
+            self.cache = kept
 
     @staticmethod
     def _fuse(layer: torch.nn.Module) -> _Layer:

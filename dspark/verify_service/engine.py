@@ -336,6 +336,36 @@ class Engine:
             self.drafter.observe(req.request_id, feats[offset:offset + n_keep])  # type: ignore[attr-defined]
             offset += n_chunk
 
+    @torch.inference_mode()
+    def rebuild_draft_contexts(self, max_seqs: int = 8, batch_tokens: int = 2048) -> int:
+        """Hand the drafter the target features of every running request's cached positions again.
+
+        For a drafter that lost them (a replaced draft worker): a forward over each request's cached
+        tokens in a scratch KV pool (the serving cache is left as it is) recomputes the features
+        `_feed_drafter` gave it, so drafting resumes on the full context, not on what comes after the
+        fault. Returns the number of positions recomputed (0 for a drafter that takes no features)."""
+        if not self.hidden_layers or self.drafter is None:
+            return 0
+        reqs = [r for r in self.running if not r.is_finished and r.num_cached > 0]
+        if not reqs:
+            return 0
+        groups: list[list[Request]] = [[]]
+        n_tok = 0
+        for req in reqs:
+            if groups[-1] and (len(groups[-1]) == max_seqs or n_tok + req.num_cached > batch_tokens):
+                groups.append([])
+                n_tok = 0
+            groups[-1].append(req)
+            n_tok += req.num_cached
+        with self.runner.scratch_cache(max(len(g) for g in groups), max(r.num_cached for r in reqs)) as cache:
+            for group in groups:
+                cache.num_active = 0
+                chunks = [SeqChunk(cache.allocate(), 0, r.token_ids[:r.num_cached], 1) for r in group]
+                out = self.runner.forward(chunks, self.hidden_layers)
+                lens = [r.num_cached for r in group]
+                self._feed_drafter(group, lens, lens, out)
+        return sum(r.num_cached for r in reqs)
+
     def _commit(self, active: list[Request], draft: DraftOutput, lengths: list[int],
                 accepted: list[int], next_tokens: list[int]) -> list[RequestOutput]:
         self.tracker.update(lengths, accepted)

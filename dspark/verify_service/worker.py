@@ -60,6 +60,7 @@ class VerifyWorker:
         self.channel: GlooChannel | RayChannel | None = None
         self._pending_channel: tuple[str, int] | None = None
         self._reconnect: tuple[str, GlooChannel] | None = None
+        self.rebuilt = {"positions": 0, "ms": 0.0}  # draft contexts recomputed for re-paired draft workers
         self._sent_profile = False
         self.async_engine: AsyncEngine | None = None
         self.engine_metrics = EngineMetrics(config.metrics("verify", worker_id))
@@ -106,7 +107,12 @@ class VerifyWorker:
         drafter = self.engine.drafter
         if isinstance(drafter, RemoteDrafter):
             drafter.reconnect(channel)
-        log.info("%s re-paired with %s (was %s)", self.worker_id, draft_worker, old)
+        t0 = time.perf_counter()
+        n = self.engine.rebuild_draft_contexts()  # the new peer starts empty: give it the running contexts
+        ms = (time.perf_counter() - t0) * 1e3
+        self.rebuilt = {"positions": self.rebuilt["positions"] + n, "ms": self.rebuilt["ms"] + ms}
+        log.info("%s re-paired with %s (was %s); %d context positions rebuilt in %.0f ms", self.worker_id,
+                 draft_worker, old, n, ms)
 
     def pair_ray(self, draft_worker: str, draft_handle: Any, hidden_layers: list[int]) -> None:
         self._attach(draft_worker, RayChannel(draft_handle), hidden_layers)
@@ -173,6 +179,7 @@ class VerifyWorker:
             "transport": self.config.transport if self.config.mode == "decoupled" else "in-process",
             "num_steps": eng.num_steps, "num_running": len(eng.running), "num_waiting": len(eng.waiting),
             "timeline": timeline, "at_s": time.time(), "reconnect_pending": self._reconnect is not None,
+            "contexts_rebuilt": dict(self.rebuilt),
             "scheduler_reachable": self.scheduler_client.is_reachable,
             "scheduler_failures": self.scheduler_client.num_failures,
         }
