@@ -98,6 +98,32 @@ def test_async_engine_streams_concurrent_requests_and_matches_the_sync_engine(en
     assert all(n > 1 for _, n in got)  # streamed over several steps
 
 
+def test_a_consumer_that_falls_behind_gets_the_missed_steps_as_one_output(engine, tiny_target):
+    """The engine keeps stepping while a caller is busy; what queued meanwhile arrives merged, in order."""
+    prompt = tiny_prompts(tiny_target.model.config.vocab_size)[0]
+    params = SamplingParams(max_tokens=40, ignore_eos=True, logprobs=0)
+    (ref,) = engine.generate([prompt], params)
+    front = AsyncEngine(engine)
+
+    async def slow() -> list:
+        outs = []
+        async for out in front.generate(prompt, params):
+            outs.append(out)
+            if len(outs) == 1:
+                await asyncio.sleep(0.2)  # busy once: the engine runs ahead
+        return outs
+
+    try:
+        outs = asyncio.run(slow())
+    finally:
+        front.shutdown()
+    tokens = [t for o in outs for t in o.new_token_ids]
+    assert tokens == ref.output_ids == outs[-1].output_ids
+    assert [lp.token_id for o in outs for lp in o.new_logprobs] == tokens  # log-probs stay aligned
+    assert len(outs) < ref.num_steps + 1  # fewer messages than steps: the backlog was merged
+    assert outs[-1].is_finished and not any(o.is_finished for o in outs[:-1])
+
+
 def test_ngram_drafter_copies_what_followed_the_latest_match():
     d = NgramDrafter(max_ngram=3)
     seq = [1, 2, 3, 4, 5, 9, 9, 1, 2, 3]

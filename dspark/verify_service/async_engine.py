@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import uuid
@@ -60,6 +61,14 @@ class AsyncEngine:
         try:
             while True:
                 item = await queue.get()
+                # the steps this caller has not taken yet go out as one output (a busy event loop, a slow
+                # consumer): one message downstream however many steps it fell behind
+                while not isinstance(item, BaseException) and not item.is_finished and not queue.empty():
+                    nxt = queue.get_nowait()
+                    if isinstance(nxt, BaseException):
+                        queue.put_nowait(nxt)  # after the tokens it follows
+                        break
+                    item = merge_outputs(item, nxt)
                 if isinstance(item, BaseException):
                     raise EngineDeadError(f"engine step failed: {item!r}") from item
                 yield item
@@ -115,12 +124,14 @@ class AsyncEngine:
                     self.on_step()
                 except Exception:  # noqa: BLE001 - a failed report must not stop serving
                     log.exception("on_step hook failed")
-            with self._lock:
+            with self._lock:  # one wake-up per event loop per step, not one per request
+                by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput]]] = {}
                 for out in outputs:
                     target = self._queues.get(out.request_id)
                     if target is not None:
-                        loop, queue = target
-                        loop.call_soon_threadsafe(queue.put_nowait, out)
+                        by_loop.setdefault(target[0], []).append((target[1], out))
+                for loop, items in by_loop.items():
+                    loop.call_soon_threadsafe(_deliver, items)
 
     def _idle(self, eng: Engine) -> None:
         """An idle engine still keeps its links alive (a paired draft worker's receive would time out)."""
@@ -150,3 +161,16 @@ class AsyncEngine:
             self._error = exc
             for loop, queue in self._queues.values():
                 loop.call_soon_threadsafe(queue.put_nowait, exc)
+
+
+def _deliver(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
+    for queue, out in items:
+        queue.put_nowait(out)
+
+
+def merge_outputs(first: RequestOutput, then: RequestOutput) -> RequestOutput:
+    """Two consecutive outputs of one request as one: `then`'s state, both steps' tokens (and log-probs)."""
+    logprobs = None
+    if first.new_logprobs is not None or then.new_logprobs is not None:
+        logprobs = (first.new_logprobs or []) + (then.new_logprobs or [])
+    return dataclasses.replace(then, new_token_ids=first.new_token_ids + then.new_token_ids, new_logprobs=logprobs)
