@@ -363,6 +363,7 @@ def bench_overload_cmd(
     multiple: float = typer.Option(10.0, min=1.0, help="Requests sent (and their arrival rate), in multiples of the "
                                    "admission limit (and of the measured completion rate)."),
     burst: bool = typer.Option(True, help="Also send the same count in one instant."),
+    repeat: int = typer.Option(3, min=1, help="Sustained phases in a row (memory that levels off is bounded)."),
     max_tokens: int = typer.Option(16, min=1),
     rss_bound_mb: float | None = typer.Option(None, help="Stated memory bound for all Ray processes (MiB); "
                                               "default: resident memory before the burst + 512."),
@@ -384,7 +385,7 @@ def bench_overload_cmd(
     except (OSError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
-    _emit(run_overload(args, multiple, max_tokens, rss_bound_mb, burst=burst), out)
+    _emit(run_overload(args, multiple, max_tokens, rss_bound_mb, burst=burst, repeat=repeat), out)
 
 
 @bench_app.command("serve")

@@ -14,18 +14,19 @@ def test_ten_times_the_limit_is_refused_cleanly_and_admitted_requests_complete(t
     args = {"target": str(tiny_target_dir), "model_name": MODEL, "max_model_len": 2048, "max_num_seqs": 2,
             "max_queued_requests": 2, "num_threads": 1, "drafter": "ngram", "scheduler": "fixed",
             "num_draft_tokens": 3}
-    res = run_overload(args, multiple=10, max_tokens=24, hangup_max_tokens=2000)
+    res = run_overload(args, multiple=10, max_tokens=24, hangup_max_tokens=2000, repeat=2)
     limit = res["admission_limit"]
     assert res["num_5xx_other_than_503"] == 0 and res["num_no_response"] == 0, res
     assert res["phases"]["calibrate"]["num_admitted_ok"] == limit  # the limit's worth is all admitted
-    for name in ("sustained", "sustained_again", "burst"):
+    for name in ("sustained", "sustained_2", "burst"):
         phase = res["phases"][name]
         assert phase["num_sent"] == 10 * limit
         assert phase["num_admitted_ok"] + phase["num_refused"] == phase["num_sent"], phase
         assert phase["num_refused"] > 0 and phase["num_other"] == 0, phase
         assert phase["num_refused_with_retry_after"] == phase["num_refused_with_reason"] == phase["num_refused"]
     assert res["phases"]["burst"]["num_admitted_ok"] >= limit
-    assert all(res["phases"][p]["rss_peak_mb"] > 0 for p in ("calibrate", "sustained", "sustained_again", "burst"))
+    assert all(res["phases"][p]["rss_peak_mb"] > 0 for p in ("calibrate", "sustained", "sustained_2", "burst"))
+    assert len(res["rss_mb"]["sustained_peak_growth"]) == 1
     gone = res["phases"]["disconnect"]
     assert gone["num_hung_up"] == gone["num_streams"] > 0 and gone["freed_within_s"] is not None, gone
     # every hang-up reached the ingress before its stream could finish (2,000 tokens: seconds even here), and

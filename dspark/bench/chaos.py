@@ -204,7 +204,12 @@ def run_chaos(args: dict[str, Any], prompts: list[str], max_tokens: int = 64, sc
                     "wall_s": round(wall_s, 3), "wall_over_reference": round(wall_s / ref_s, 3),
                     "recovered_s_after_kill": None if recover_s is None else round(recover_s, 2),
                     "num_resumed_total": stats.get("num_resumed"), "num_repairs_total": stats.get("num_repairs"),
-                    "held_after": _held(stats)}
+                    "held_after": _held(stats),
+                    # context positions the surviving verify replicas recomputed for their new draft partners
+                    "contexts_rebuilt_total": sum(v.get("contexts_rebuilt", 0)
+                                                  for v in _live_replicas(stats)["verify"].values()),
+                    "rebuild_ms_total": round(sum(v.get("rebuild_ms", 0.0)
+                                                  for v in _live_replicas(stats)["verify"].values()), 1)}
     finally:
         serve.shutdown()
         if is_ray_ours:

@@ -94,7 +94,8 @@ class VerifyReplica(VerifyWorker):
         self._timings: deque[tuple[float, float]] = deque(maxlen=256)  # (ttft_s, tpot_s) of finished requests
         self.heartbeat = _Heartbeat(config, "verify", rid, lambda: {
             "draft_partner": self.draft_worker, "pid": os.getpid(), "num_running": len(self.engine.running),
-            "num_waiting": len(self.engine.waiting), "draft_broken": self.pair_state()["draft_broken"]})
+            "num_waiting": len(self.engine.waiting), "draft_broken": self.pair_state()["draft_broken"],
+            "contexts_rebuilt": self.rebuilt["positions"], "rebuild_ms": round(self.rebuilt["ms"], 1)})
         if config.mode == "decoupled":
             # target-only until paired: the drafter's feature taps are known now, so features flow from the start
             target = self.engine.target
