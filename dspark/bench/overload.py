@@ -121,7 +121,8 @@ async def _post(host: str, port: int, path: str, payload: dict, headers: dict[st
     hdrs = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
     if hdrs.get("transfer-encoding") == "chunked":
         payload_bytes = _unchunk(payload_bytes)
-    rec = {"status": status, "latency_s": t1 - t0, "connect_s": t0 - t_conn, "retry_after": hdrs.get("retry-after")}
+    rec = {"status": status, "latency_s": t1 - t0, "connect_s": t0 - t_conn, "retry_after": hdrs.get("retry-after"),
+           "sent_at": t0}
     if status >= 400:
         try:
             err = json.loads(payload_bytes)
@@ -318,9 +319,22 @@ def _summary(records: list[dict], wall_s: float) -> dict:
         "refusal_reasons": dict(Counter(str(r.get("reason"))[:60] for r in refused).most_common(4)),
         "refusal_latency_ms": {"p50": _ms(_pct(refused_s, 0.5)), "p99": _ms(_pct(refused_s, 0.99)),
                                "max": _ms(max(refused_s) if refused_s else None)},
+        # when in the phase the slow refusals were sent (a warm-up, a stall, or spread evenly)
+        "refusal_p99_ms_by_second": _by_second(refused),
         "admitted_latency_s": {"p50": _pct(ok_s, 0.5), "p99": _pct(ok_s, 0.99), "max": max(ok_s) if ok_s else None,
                                "mean": statistics.fmean(ok_s) if ok_s else None},
     }
+
+
+def _by_second(records: list[dict]) -> list[float | None]:
+    """p99 latency (ms) of the records sent in each second of the phase, in order."""
+    if not records:
+        return []
+    start = min(r["sent_at"] for r in records)
+    buckets: dict[int, list[float]] = {}
+    for r in records:
+        buckets.setdefault(int(r["sent_at"] - start), []).append(r["latency_s"])
+    return [_ms(_pct(buckets.get(i, []), 0.99)) for i in range(max(buckets) + 1)]
 
 
 def _ms(value: float | None) -> float | None:
