@@ -39,6 +39,11 @@ def test_rebuilt_features_equal_the_ones_the_drafter_was_fed(tiny_target, prompt
         for o in engine.step():
             out[o.request_id] += o.new_token_ids
     cached = {r.request_id: r.num_cached for r in engine.running}
+    budget = RecordingNgram((1, 2))  # a bounded rebuild: whole requests, within the budget
+    engine.drafter = budget
+    n = engine.rebuild_draft_contexts(max_positions=max(cached.values()))
+    assert 0 < n <= max(cached.values()) and all(torch.cat(v).shape[0] == cached[k] for k, v in budget.seen.items())
+    assert len(budget.seen) < len(cached)
     engine.drafter = second = RecordingNgram((1, 2))  # what a new draft worker has: nothing
     assert engine.rebuild_draft_contexts(max_seqs=2, batch_tokens=64) == sum(cached.values())
     for rid, n in cached.items():

@@ -337,16 +337,25 @@ class Engine:
             offset += n_chunk
 
     @torch.inference_mode()
-    def rebuild_draft_contexts(self, max_seqs: int = 8, batch_tokens: int = 2048) -> int:
-        """Hand the drafter the target features of every running request's cached positions again.
+    def rebuild_draft_contexts(self, max_positions: int = 4096, max_seqs: int = 8, batch_tokens: int = 2048) -> int:
+        """Hand the drafter the target features of the running requests' cached positions again.
 
         For a drafter that lost them (a replaced draft worker): a forward over each request's cached
         tokens in a scratch KV pool (the serving cache is left as it is) recomputes the features
         `_feed_drafter` gave it, so drafting resumes on the full context, not on what comes after the
-        fault. Returns the number of positions recomputed (0 for a drafter that takes no features)."""
+        fault. The work stalls this engine's steps, so it is bounded: up to `max_positions`, the requests
+        with the most tokens still to generate first; the others finish target-only (the draft side
+        cannot draft them and says so). Returns the number of positions recomputed (0 for a drafter that
+        takes no features)."""
         if not self.hidden_layers or self.drafter is None:
             return 0
-        reqs = [r for r in self.running if not r.is_finished and r.num_cached > 0]
+        live = sorted((r for r in self.running if not r.is_finished and r.num_cached > 0),
+                      key=lambda r: len(r.output_ids) - r.params.max_tokens)  # most still to come first
+        reqs, total = [], 0
+        for r in live:
+            if total + r.num_cached <= max_positions:
+                reqs.append(r)
+                total += r.num_cached
         if not reqs:
             return 0
         groups: list[list[Request]] = [[]]
