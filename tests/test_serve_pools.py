@@ -53,7 +53,9 @@ def test_pools_are_serve_deployments_that_pair_and_serve_losslessly(server, prom
     while time.monotonic() < deadline:  # the scheduler pairs the draft replica with one verify replica
         sched = server.get("/v1/dspark/stats").json()["scheduler"]
         assert "replicas" in sched, sched
-        if any(v.get("draft_broken") is False for v in sched["replicas"]["verify"].values()):  # paired, switched
+        verify = sched["replicas"]["verify"].values()
+        # both verify replicas have announced themselves (heartbeats), one of them paired and switched
+        if len(verify) == 2 and any(v.get("draft_broken") is False for v in verify):
             break
         time.sleep(1)
     assert len(sched["replicas"]["verify"]) == 2 and len(sched["replicas"]["draft"]) == 1
