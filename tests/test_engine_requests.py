@@ -98,11 +98,14 @@ def test_async_engine_streams_concurrent_requests_and_matches_the_sync_engine(en
     assert all(n > 1 for _, n in got)  # streamed over several steps
 
 
-def test_a_consumer_that_falls_behind_gets_the_missed_steps_as_one_output(engine, tiny_target):
-    """The engine keeps stepping while a caller is busy; what queued meanwhile arrives merged, in order."""
+@pytest.mark.parametrize("merge", [True, False])
+def test_a_consumer_that_falls_behind_gets_the_missed_steps_as_one_output(engine, tiny_target, merge):
+    """The engine keeps stepping while a caller is busy; what queued meanwhile arrives merged, in order
+    (`merge_stream_outputs`; off: one output per step, as before)."""
     prompt = tiny_prompts(tiny_target.model.config.vocab_size)[0]
     params = SamplingParams(max_tokens=40, ignore_eos=True, logprobs=0)
     (ref,) = engine.generate([prompt], params)
+    engine.config.merge_stream_outputs = merge
     front = AsyncEngine(engine)
 
     async def slow() -> list:
@@ -120,7 +123,10 @@ def test_a_consumer_that_falls_behind_gets_the_missed_steps_as_one_output(engine
     tokens = [t for o in outs for t in o.new_token_ids]
     assert tokens == ref.output_ids == outs[-1].output_ids
     assert [lp.token_id for o in outs for lp in o.new_logprobs] == tokens  # log-probs stay aligned
-    assert len(outs) < ref.num_steps + 1  # fewer messages than steps: the backlog was merged
+    if merge:
+        assert len(outs) < ref.num_steps + 1  # fewer messages than steps: the backlog was merged
+    else:
+        assert len(outs) == ref.num_steps + 1  # the prefill's token, then one output per step
     assert outs[-1].is_finished and not any(o.is_finished for o in outs[:-1])
 
 

@@ -88,6 +88,8 @@ class ServeAppConfig(BaseModel):
     num_draft_tokens: int = Field(7, ge=0, description="γ: most tokens drafted per request and step.")
     draft_gate: bool = Field(True, description="Skip drafting at batch sizes where it measurably costs more "
                                                "than it returns (load-aware schedulers only).")
+    merge_stream_outputs: bool = Field(True, description="A stream that fell behind the engine gets the steps "
+                                       "it missed as one output (one message downstream, not one per step).")
     sps_profile: str | None = Field(
         None, description="SPS profile JSON; null: the one measured on this machine for this target and dtype "
                           "(configs/profiles/, else measured at start-up and cached; unused by 'fixed').")
@@ -233,7 +235,7 @@ class ServeAppConfig(BaseModel):
                             num_draft_tokens=self.num_draft_tokens, sps_profile=self.sps_profile,
                             max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
                             num_threads=num_threads, draft_gate=self.draft_gate,
-                            max_step_stats=SERVER_STEP_STATS)
+                            max_step_stats=SERVER_STEP_STATS, merge_stream_outputs=self.merge_stream_outputs)
 
     def worker_engine_config(self) -> EngineConfig:
         """A VerifyWorker's engine; `central` runs Algorithm 1 locally until the first K arrives."""

@@ -58,12 +58,14 @@ class AsyncEngine:
             self._pending.append((rid, prompt_ids, params))
         self._wake.set()
         finished = False
+        merge = getattr(self.engine.config, "merge_stream_outputs", True)
         try:
             while True:
                 item = await queue.get()
                 # the steps this caller has not taken yet go out as one output (a busy event loop, a slow
                 # consumer): one message downstream however many steps it fell behind
-                while not isinstance(item, BaseException) and not item.is_finished and not queue.empty():
+                while (merge and not isinstance(item, BaseException) and not item.is_finished
+                       and not queue.empty()):
                     nxt = queue.get_nowait()
                     if isinstance(nxt, BaseException):
                         queue.put_nowait(nxt)  # after the tokens it follows

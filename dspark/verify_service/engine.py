@@ -67,6 +67,8 @@ class EngineConfig:
     # steps kept in `Engine.stats` (None: all, for benchmarks that read and clear them); a long-running
     # server keeps a window, else per-step records would grow without bound
     max_step_stats: int | None = None
+    # a streaming caller that fell behind gets the steps it missed as one output (AsyncEngine)
+    merge_stream_outputs: bool = True
 
 
 def resolve_dtype(config: EngineConfig) -> str | None:
