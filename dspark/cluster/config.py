@@ -88,7 +88,7 @@ class ServeAppConfig(BaseModel):
     num_draft_tokens: int = Field(7, ge=0, description="γ: most tokens drafted per request and step.")
     draft_gate: bool = Field(True, description="Skip drafting at batch sizes where it measurably costs more "
                                                "than it returns (load-aware schedulers only).")
-    merge_stream_outputs: bool = Field(True, description="A stream that fell behind the engine gets the steps "
+    merge_stream_outputs: bool = Field(False, description="A stream that fell behind the engine gets the steps "
                                        "it missed as one output (one message downstream, not one per step).")
     sps_profile: str | None = Field(
         None, description="SPS profile JSON; null: the one measured on this machine for this target and dtype "

@@ -68,7 +68,7 @@ class EngineConfig:
     # server keeps a window, else per-step records would grow without bound
     max_step_stats: int | None = None
     # a streaming caller that fell behind gets the steps it missed as one output (AsyncEngine)
-    merge_stream_outputs: bool = True
+    merge_stream_outputs: bool = False  # measured: no gain over HTTP here (docs/results/engine)
 
 
 def resolve_dtype(config: EngineConfig) -> str | None:
