@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import sys
+import time
 
 import pytest
 
@@ -92,16 +94,43 @@ def test_async_engine_streams_concurrent_requests_and_matches_the_sync_engine(en
 
     try:
         got = asyncio.run(main())
+        deadline = time.monotonic() + 5.0
+        while front.num_trims == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
     finally:
         front.shutdown()
     assert [t for t, _ in got] == expected
     assert all(n > 1 for _, n in got)  # streamed over several steps
+    assert front.num_trims == 1  # idle after the work: the freed heap went back, once per idle spell
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
+def test_freed_heap_goes_back_to_the_os():
+    import ctypes
+
+    import psutil
+
+    from dspark.verify_service.heap import release_free_memory
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    blocks = [libc.malloc(4096) for _ in range(50_000)]  # ~200 MB in small heap chunks, touched
+    for b in blocks:
+        ctypes.memset(b, 1, 4096)
+    for b in blocks:
+        libc.free(b)
+    before = psutil.Process().memory_info().rss
+    assert release_free_memory()
+    assert psutil.Process().memory_info().rss < before - 100 * 2**20
 
 
 @pytest.mark.parametrize("merge", [True, False])
-def test_a_consumer_that_falls_behind_gets_the_missed_steps_as_one_output(engine, tiny_target, merge):
+def test_a_consumer_that_falls_behind_gets_the_missed_steps_as_one_output(tiny_target, merge):
     """The engine keeps stepping while a caller is busy; what queued meanwhile arrives merged, in order
     (`merge_stream_outputs`; off: one output per step, as before)."""
+    engine = Engine(EngineConfig(target=str(tiny_target.path), drafter="ngram", scheduler="fixed",
+                                 draft_gate=False, max_num_seqs=4, max_model_len=256), target=tiny_target)
     prompt = tiny_prompts(tiny_target.model.config.vocab_size)[0]
     params = SamplingParams(max_tokens=40, ignore_eos=True, logprobs=0)
     (ref,) = engine.generate([prompt], params)

@@ -10,6 +10,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 
 from dspark.verify_service.engine import Engine
+from dspark.verify_service.heap import release_free_memory
 from dspark.verify_service.request import RequestOutput, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,8 @@ class AsyncEngine:
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stopped = False
         self._error: BaseException | None = None
+        self._stepped_since_trim = False
+        self.num_trims = 0  # idle spells after work whose freed heap went back to the OS
         self._thread = threading.Thread(target=self._loop, name="dspark-engine", daemon=True)
         self._thread.start()
 
@@ -121,6 +124,7 @@ class AsyncEngine:
                 log.exception("engine step failed")
                 self._fail_all(exc)
                 return
+            self._stepped_since_trim = True
             if self.on_step is not None:
                 try:
                     self.on_step()
@@ -136,7 +140,12 @@ class AsyncEngine:
                     loop.call_soon_threadsafe(_deliver, items)
 
     def _idle(self, eng: Engine) -> None:
-        """An idle engine still keeps its links alive (a paired draft worker's receive would time out)."""
+        """An idle engine still keeps its links alive (a paired draft worker's receive would time out), and
+        gives the heap the last burst left behind back to the OS, once per idle spell."""
+        if self._stepped_since_trim:
+            self._stepped_since_trim = False
+            release_free_memory()
+            self.num_trims += 1
         if self.on_idle is not None:
             try:
                 self.on_idle()
