@@ -30,14 +30,21 @@ def _serve(drafter: DSparkDrafter) -> tuple[object, DraftService, threading.Thre
     return verify_end, service, thread
 
 
+def _step(engine: Engine, out: dict[str, list[int]], num_steps: int | None = None) -> None:
+    """Step `num_steps` times (None: until done), collecting each request's tokens into `out`."""
+    n = 0
+    while engine.has_unfinished() and (num_steps is None or n < num_steps):
+        for o in engine.step():
+            out[o.request_id] += o.new_token_ids
+        n += 1
+
+
 def test_rebuilt_features_equal_the_ones_the_drafter_was_fed(tiny_target, prompts, target_only) -> None:  # noqa: F811
     first = RecordingNgram((1, 2))
     engine = Engine(config(tiny_target, "fixed", draft_gate=False), target=tiny_target, drafter=first)
     ids = [engine.add_request(p, PARAMS) for p in prompts[:5]]
     out: dict[str, list[int]] = {i: [] for i in ids}
-    for _ in range(4):
-        for o in engine.step():
-            out[o.request_id] += o.new_token_ids
+    _step(engine, out, 4)
     cached = {r.request_id: r.num_cached for r in engine.running}
     budget = RecordingNgram((1, 2))  # a bounded rebuild: whole requests, within the budget
     engine.drafter = budget
@@ -50,9 +57,7 @@ def test_rebuilt_features_equal_the_ones_the_drafter_was_fed(tiny_target, prompt
         before, after = torch.cat(first.seen[rid])[:n], torch.cat(second.seen[rid])
         assert after.shape[0] == n
         torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-4)
-    while engine.has_unfinished():
-        for o in engine.step():
-            out[o.request_id] += o.new_token_ids
+    _step(engine, out)
     assert [out[i] for i in ids] == target_only[:5]  # the serving cache was left as it was
     assert engine.runner.cache.num_active == 0
 
@@ -65,9 +70,7 @@ def test_a_new_draft_worker_drafts_the_running_requests_after_a_re_pair(tiny_tar
     engine = PipelinedEngine(config(tiny_target, "fixed", draft_gate=False), target=tiny_target, drafter=remote)
     ids = [engine.add_request(p, PARAMS) for p in prompts[:6]]
     out: dict[str, list[int]] = {i: [] for i in ids}
-    for _ in range(4):
-        for o in engine.step():
-            out[o.request_id] += o.new_token_ids
+    _step(engine, out, 4)
     running = {r.request_id for r in engine.running if not r.is_finished}
     assert running
     remote_end.send({"kind": "close"})
@@ -78,8 +81,7 @@ def test_a_new_draft_worker_drafts_the_running_requests_after_a_re_pair(tiny_tar
     assert engine.rebuild_draft_contexts() > 0
     drafted_before = {r.request_id: r.num_drafted for r in engine.running}
     while engine.has_unfinished():
-        for o in engine.step():
-            out[o.request_id] += o.new_token_ids
+        _step(engine, out, 1)
         running -= {r.request_id for r in engine.running if r.num_drafted > drafted_before.get(r.request_id, 0)}
     new_end.send({"kind": "close"})
     thread.join(timeout=30)

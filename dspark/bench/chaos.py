@@ -195,6 +195,7 @@ def run_chaos(args: dict[str, Any], prompts: list[str], max_tokens: int = 64, sc
                                                          repairs + need, recover_timeout_s, sizes)
                 time.sleep(3.0)  # idle engines announce finished requests; Serve replicas' heartbeats catch up
                 stats = client.get("/v1/dspark/stats").json()
+                verify_live = _live_replicas(stats)["verify"].values()
                 result["scenarios"][name] = {
                     "killed": [f"{cluster}-{v}" for v in SCENARIOS[name]],
                     "num_failed": sum(not r["ok"] for r in results),
@@ -206,10 +207,8 @@ def run_chaos(args: dict[str, Any], prompts: list[str], max_tokens: int = 64, sc
                     "num_resumed_total": stats.get("num_resumed"), "num_repairs_total": stats.get("num_repairs"),
                     "held_after": _held(stats),
                     # context positions the surviving verify replicas recomputed for their new draft partners
-                    "contexts_rebuilt_total": sum(v.get("contexts_rebuilt", 0)
-                                                  for v in _live_replicas(stats)["verify"].values()),
-                    "rebuild_ms_total": round(sum(v.get("rebuild_ms", 0.0)
-                                                  for v in _live_replicas(stats)["verify"].values()), 1)}
+                    "contexts_rebuilt_total": sum(v.get("contexts_rebuilt", 0) for v in verify_live),
+                    "rebuild_ms_total": round(sum(v.get("rebuild_ms", 0.0) for v in verify_live), 1)}
     finally:
         serve.shutdown()
         if is_ray_ours:

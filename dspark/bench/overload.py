@@ -7,8 +7,8 @@ bound), then the same count in one instant. Reports per phase how many were admi
 many were refused with 429/503 + Retry-After and how fast (timed from the moment the request's bytes are
 written), any other status, the latency of admitted requests, and the resident memory of every process of
 the Ray session (sampled throughout, peak per phase) against a stated bound; the sustained phase runs
-`repeat` times, so peaks that level off show memory is bounded, not leaking. Afterwards the engines must hold no request
-(no leaked KV slot or draft context). JSON last.
+`repeat` times, so peaks that level off show memory is bounded, not leaking. Afterwards the engines must
+hold no request (no leaked KV slot or draft context). JSON last.
 """
 
 from __future__ import annotations
@@ -245,8 +245,8 @@ nothing soon after, not decode `hangup_max_tokens` for no one)."""
             capacity_rps = sum(1 for r in cal if r["status"] == 200) / cal_wall
             phases["calibrate"] = {**_summary(cal, cal_wall), "capacity_rps": round(capacity_rps, 2)}
             phases["calibrate"]["rss_peak_mb"] = round(max(rss.samples + [_session_rss_mb()]), 1)
-            # the sustained phase twice: memory that is bounded levels off (allocator arenas warm up in the
-            # first); memory that leaks grows again by as much in the second
+            # the sustained phase `repeat` times: memory that is bounded levels off (allocator arenas warm up
+            # in the first); memory that leaks grows again by as much in each
             spread = num / (multiple * max(capacity_rps, 1e-3))
             runs = ([("sustained", spread)] + [(f"sustained_{i + 2}", spread) for i in range(repeat - 1)]
                     + ([("burst", 0.0)] if burst else []))

@@ -61,7 +61,7 @@ class AsyncEngine:
             self._pending.append((rid, prompt_ids, params))
         self._wake.set()
         finished = False
-        merge = getattr(self.engine.config, "merge_stream_outputs", False)
+        merge = self.engine.config.merge_stream_outputs
         try:
             while True:
                 item = await queue.get()

@@ -97,13 +97,14 @@ MAX_PREFILL_REQUESTS = 64
 MAX_PREFILL_TOKENS = 4096
 
 
-def _prefill_groups(reqs: list[Request]) -> list[list[Request]]:
-    """Consecutive runs of newly admitted requests (their slots are contiguous) within both caps."""
+def _prefill_groups(reqs: list[Request], sizes: list[int] | None = None, max_requests: int = MAX_PREFILL_REQUESTS,
+                    max_tokens: int = MAX_PREFILL_TOKENS) -> list[list[Request]]:
+    """Consecutive runs of requests (newly admitted ones: their slots are contiguous) within both caps, one
+    forward each; `sizes`: the tokens each brings (default: its prompt)."""
     groups: list[list[Request]] = [[]]
     num_tokens = 0
-    for req in reqs:
-        n = len(req.prompt_ids)
-        if groups[-1] and (len(groups[-1]) >= MAX_PREFILL_REQUESTS or num_tokens + n > MAX_PREFILL_TOKENS):
+    for req, n in zip(reqs, sizes if sizes is not None else [len(r.prompt_ids) for r in reqs]):
+        if groups[-1] and (len(groups[-1]) >= max_requests or num_tokens + n > max_tokens):
             groups.append([])
             num_tokens = 0
         groups[-1].append(req)
@@ -339,7 +340,8 @@ class Engine:
             offset += n_chunk
 
     @torch.inference_mode()
-    def rebuild_draft_contexts(self, max_positions: int = 4096, max_seqs: int = 8, batch_tokens: int = 2048) -> int:
+    def rebuild_draft_contexts(self, max_positions: int = 4096, max_seqs: int = 8,
+                               batch_tokens: int = MAX_PREFILL_TOKENS) -> int:
         """Hand the drafter the target features of the running requests' cached positions again.
 
         For a drafter that lost them (a replaced draft worker): a forward over each request's cached
@@ -360,14 +362,7 @@ class Engine:
                 total += r.num_cached
         if not reqs:
             return 0
-        groups: list[list[Request]] = [[]]
-        n_tok = 0
-        for req in reqs:
-            if groups[-1] and (len(groups[-1]) == max_seqs or n_tok + req.num_cached > batch_tokens):
-                groups.append([])
-                n_tok = 0
-            groups[-1].append(req)
-            n_tok += req.num_cached
+        groups = _prefill_groups(reqs, [r.num_cached for r in reqs], max_seqs, batch_tokens)
         with self.runner.scratch_cache(max(len(g) for g in groups), max(r.num_cached for r in reqs)) as cache:
             for group in groups:
                 cache.num_active = 0
