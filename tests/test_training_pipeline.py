@@ -35,6 +35,9 @@ def test_pipeline_runs_every_stage_then_skips_them_and_the_drafter_serves(tiny_t
     report = json.loads(res.stdout.strip().splitlines()[-1])
     assert set(report) == {"synth", "vocab", "cache", "train", "calibrate", "export"}
     assert report["train"]["num_steps"] == 4 and len(report["calibrate"]["sts_temperatures"]) == 4
+    # features: auto with no cache on disk trains online: no cache is built
+    assert report["cache"]["skipped"] and report["train"]["features"]["source"] == "online"
+    assert not (tmp_path / "work" / "cache").exists()
     assert (tmp_path / "ckpt" / "model.safetensors").exists()
     # a second run finds every output and skips every stage
     again = json.loads(runner.invoke(app, ["train", "--config", str(path)]).stdout.strip().splitlines()[-1])
@@ -60,7 +63,7 @@ def test_baselines_train_on_one_shared_work_dir_and_serve_by_name(tiny_target_di
                   "response_max_tokens": 24},
         "engine": {"drafter": "none", "scheduler": "fixed", "max_num_seqs": 4, "max_model_len": 256},
         "train": {"num_steps": 3, "batch_size": 2, "num_anchors": 3, "warmup_steps": 1, "checkpoint_every": 2,
-                  "heldout_fraction": 0.3},
+                  "heldout_fraction": 0.3, "features": "cache"},  # the cache path: built once, shared
     }
     model = {"dflash": {"num_layers": 1, "block_size": 4, "head_type": "none", "use_confidence": False},
              "eagle3": {"block_size": 4}, "mtp1": {"block_size": 1}}
@@ -80,6 +83,7 @@ def test_baselines_train_on_one_shared_work_dir_and_serve_by_name(tiny_target_di
         assert res.exit_code == 0, res.output
         report = json.loads(res.stdout.strip().splitlines()[-1])
         assert all(report[s].get("skipped") for s in ("synth", "vocab", "cache")) == (i > 0)
+        assert (tmp_path / "work" / "cache" / "train" / "meta.json").exists() and "features" not in report["train"]
         assert report["train"]["drafter"] == kind and report["train"]["loss"] == expected_loss[kind]
         assert report["train"]["num_steps"] == 3 and report["calibrate"]["skipped"]
         assert (tmp_path / "work" / "runs" / f"tiny_{kind}" / "trained" / "model.safetensors").exists()

@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
-from dspark.training.shard_window import ShardWindowPool
 from dspark.training.target_cache import CachedShard
+
+
+class SequenceSource(Protocol):
+    """Where training sequences come from: all resident (SequencePool), a window over cache shards
+    (ShardWindowPool) or computed by the target per batch (OnlinePool)."""
+
+    def __len__(self) -> int: ...
+
+    def sample(self, rng: random.Random, n: int, step: int) -> list[int]: ...
+
+    def get(self, idx: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]: ...
 
 
 @dataclass
@@ -38,12 +49,10 @@ class SequencePool:
 
     def get(self, idx: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
         shard, i = self.items[idx]
-        a, b = int(shard.offsets[i]), int(shard.offsets[i + 1])
-        return (shard.token_ids[a:b], shard.features[a:b], shard.final_hidden[a:b], shard.lse[a:b],
-                int(shard.prompt_lens[i]))
+        return shard.sequence(i)
 
 
-def make_batch(pool: SequencePool | ShardWindowPool, indices: list[int], num_anchors: int, block_size: int,
+def make_batch(pool: SequenceSource, indices: list[int], num_anchors: int, block_size: int,
                gen: torch.Generator) -> TrainBatch:
     """Anchors are drawn uniformly from positions whose first prediction is a response token."""
     seqs = [pool.get(i) for i in indices]

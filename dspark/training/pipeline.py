@@ -1,6 +1,7 @@
 """`dspark train --config ...`: synth → vocab → cache → train → calibrate → export, each stage skipped when
 its output exists. synth, vocab and cache are shared by every drafter kind trained in one work_dir; the train
-stage builds the kind named by `drafter` (dspark, dflash, eagle3, mtp1)."""
+stage builds the kind named by `drafter` (dspark, dflash, eagle3, mtp1). With `train.features` online (or auto
+and no cache on disk) there is no cache: the train stage runs the target on each batch."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ from dspark.models.eagle3_config import Eagle3Config
 from dspark.models.mtp import MTPModel
 from dspark.models.mtp_config import MTPConfig
 from dspark.models.target import TargetModel, load_target
-from dspark.training.batches import TrainBatch, select_features
+from dspark.training.batches import SequenceSource, TrainBatch, select_features
 from dspark.training.losses import loss_weights
+from dspark.training.online_pool import OnlinePool
 from dspark.training.pipeline_config import PipelineConfig
 from dspark.training.shard_window import ShardWindowPool
 from dspark.training.synth import SynthConfig, load_records, run_synthesis
@@ -96,20 +98,27 @@ def stage_vocab(cfg: PipelineConfig) -> dict:
     return info
 
 
-def stage_cache(cfg: PipelineConfig) -> dict:
-    meta_path = cfg.work_dir / "cache" / "train" / "meta.json"
-    if meta_path.exists() and (cfg.work_dir / "cache" / "heldout" / "meta.json").exists():
-        return {"skipped": True, **json.loads(meta_path.read_text())}
-    from dspark.verify_service.engine import EngineConfig, resolve_dtype
+def cache_is_complete(cfg: PipelineConfig) -> bool:
+    return all((cfg.work_dir / "cache" / part / "meta.json").exists() for part in ("train", "heldout"))
 
+
+def features_online(cfg: PipelineConfig) -> bool:
+    """Whether training computes the target features per batch (see `train.features`)."""
+    return cfg.train.features == "online" or (cfg.train.features == "auto" and not cache_is_complete(cfg))
+
+
+def stage_cache(cfg: PipelineConfig) -> dict:
+    if features_online(cfg):
+        return {"skipped": True, "reason": f"features: {cfg.train.features}: computed online while training"}
+    if cache_is_complete(cfg):
+        return {"skipped": True, **json.loads((cfg.work_dir / "cache" / "train" / "meta.json").read_text())}
     train, held = split_records(cfg)
     layers = _layers(cfg)
-    dtype = resolve_dtype(EngineConfig(target=cfg.target, dtype=cfg.train.feature_dtype, dtype_role="generate"))
-    target = _target(cfg) if dtype in (None, "fp32") else load_target(cfg.target, dtype=dtype)
+    target, dtype = _feature_target(cfg)
     out = {"train": build_cache(target, train, layers, cfg.work_dir / "cache" / "train",
                                 max_len=cfg.train.max_seq_len),
            "heldout": build_cache(target, held, layers, cfg.work_dir / "cache" / "heldout",
-                                  max_len=cfg.train.max_seq_len), "feature_dtype": dtype or "fp32"}
+                                  max_len=cfg.train.max_seq_len), "feature_dtype": dtype}
     return out
 
 
@@ -143,13 +152,18 @@ def stage_train(cfg: PipelineConfig) -> dict:
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg)
     t = cfg.train
-    pool = ShardWindowPool(sorted((cfg.work_dir / "cache" / "train").glob("cache-*.safetensors")),
-                           t.resident_shards, t.steps_per_shard, t.seed)
+    pool: SequenceSource
+    if features_online(cfg):
+        pool = OnlinePool(split_records(cfg)[0], _feature_target(cfg)[0], _layers(cfg), t.max_seq_len)
+        cache_layers = _layers(cfg)
+    else:
+        pool = ShardWindowPool(sorted((cfg.work_dir / "cache" / "train").glob("cache-*.safetensors")),
+                               t.resident_shards, t.steps_per_shard, t.seed)
+        cache_layers = json.loads((cfg.work_dir / "cache" / "train" / "meta.json").read_text())["layers"]
     tcfg = TrainConfig(num_steps=t.num_steps, batch_size=t.batch_size, num_anchors=t.num_anchors, lr=t.lr,
                        warmup_steps=t.warmup_steps, weight_decay=t.weight_decay, grad_clip=t.grad_clip, seed=t.seed,
                        checkpoint_every=t.checkpoint_every, loss_weights=loss_weights(cfg.loss))
     target = _target(cfg)
-    cache_layers = json.loads((cfg.work_dir / "cache" / "train" / "meta.json").read_text())["layers"]
     final_layer = target.model.config.num_hidden_layers
     wanted = list(model.config.target_layers)
 
@@ -160,6 +174,9 @@ def stage_train(cfg: PipelineConfig) -> dict:
     report = train(model, pool, target.model.model.norm.weight.detach(), target.model.config.rms_norm_eps, tcfg,
                    cfg.run_dir / "train_state.pt", features_of)
     model.save_pretrained(final)
+    if isinstance(pool, OnlinePool):  # what the online features cost this run, next to the training
+        report["features"] = {"source": "online", "forward_s": round(pool.forward_s, 1),
+                              "num_tokens": pool.num_tokens}
     return {"drafter": cfg.drafter, "loss": cfg.loss, "num_sequences": len(pool), **report}
 
 
@@ -213,6 +230,20 @@ def _target(cfg: PipelineConfig) -> TargetModel:
     if cfg.target not in _TARGETS:
         _TARGETS[cfg.target] = load_target(cfg.target)
     return _TARGETS[cfg.target]
+
+
+def _feature_target(cfg: PipelineConfig) -> tuple[TargetModel, str]:
+    """The target that computes the training features, in `train.feature_dtype` (auto: measured fastest for
+    batched prefill here), and that dtype's name."""
+    from dspark.verify_service.engine import EngineConfig, resolve_dtype
+
+    dtype = resolve_dtype(EngineConfig(target=cfg.target, dtype=cfg.train.feature_dtype, dtype_role="generate"))
+    if dtype in (None, "fp32"):
+        return _target(cfg), "fp32"
+    key = f"{cfg.target}@{dtype}"
+    if key not in _TARGETS:
+        _TARGETS[key] = load_target(cfg.target, dtype=dtype)
+    return _TARGETS[key], dtype
 
 
 def _layers(cfg: PipelineConfig) -> list[int]:

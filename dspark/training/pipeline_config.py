@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -74,6 +75,11 @@ class TrainSection(_Strict):
     max_seq_len: int = Field(768, ge=16, description="Sequences are cut here for the cache.")
     feature_dtype: str = Field("fp32", description="dtype of the target that computes the cached features: "
                                "fp32 | bf16 | auto (the fastest for batched prefill on this machine, measured).")
+    features: Literal["auto", "cache", "online"] = Field(
+        "auto", description="Where the target features come from: cache (build the target cache once, train "
+                            "from it: cheapest when several drafters share it), online (the target runs on "
+                            "each batch; nothing stored) or auto (the cache when a complete one is on disk, "
+                            "else online; never builds one).")
     resident_shards: int = Field(64, ge=1, description="Cache shards held in memory at once (a sliding "
                                  "window over a cache larger than RAM).")
     steps_per_shard: int = Field(4, ge=1, description="Steps between window moves (one shard in, one out).")

@@ -64,7 +64,4 @@ class ShardWindowPool:
 
     def get(self, idx: int) -> tuple:
         s = bisect.bisect_right(self.starts, idx) - 1
-        shard, i = self._loaded[s], idx - self.starts[s]
-        a, b = int(shard.offsets[i]), int(shard.offsets[i + 1])
-        return (shard.token_ids[a:b], shard.features[a:b], shard.final_hidden[a:b], shard.lse[a:b],
-                int(shard.prompt_lens[i]))
+        return self._loaded[s].sequence(idx - self.starts[s])

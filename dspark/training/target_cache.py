@@ -34,6 +34,12 @@ class CachedShard:
         t = load_file(str(path))
         return cls(t["token_ids"], t["offsets"], t["prompt_lens"], t["features"], t["final_hidden"], t["lse"])
 
+    def sequence(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """Sequence i: (token_ids, features, final_hidden, lse, prompt_len)."""
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        return (self.token_ids[a:b], self.features[a:b], self.final_hidden[a:b], self.lse[a:b],
+                int(self.prompt_lens[i]))
+
 
 @torch.inference_mode()
 def cache_sequences(target: TargetModel, seqs: list[tuple[list[int], int]], layers: list[int],

@@ -15,9 +15,8 @@ from tqdm import tqdm
 
 from dspark.models.ar_draft import ARDraftModel
 from dspark.models.dspark import DSparkModel
-from dspark.training.batches import SequencePool, TrainBatch, make_batch, target_probs_over_draft_vocab
+from dspark.training.batches import SequenceSource, TrainBatch, make_batch, target_probs_over_draft_vocab
 from dspark.training.losses import LossWeights, dspark_loss
-from dspark.training.shard_window import ShardWindowPool
 
 
 @dataclass
@@ -42,7 +41,7 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def train(model: DSparkModel | ARDraftModel, pool: SequencePool | ShardWindowPool, final_norm: torch.Tensor, eps: float,
+def train(model: DSparkModel | ARDraftModel, pool: SequenceSource, final_norm: torch.Tensor, eps: float,
           cfg: TrainConfig, ckpt_path: Path, features_of: Callable[[TrainBatch], torch.Tensor] | None = None) -> dict:
     """Train in place; resumes from ckpt_path (model, optimizer, step, RNG) when it exists.
 
