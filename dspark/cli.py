@@ -331,6 +331,8 @@ def bench_chaos_cmd(
     num_requests: int = typer.Option(8, min=1), max_tokens: int = typer.Option(64, min=1),
     kill_after_s: float = typer.Option(2.0, min=0.0, help="Seconds into the load at which the SIGKILL lands."),
     set_: list[str] = typer.Option([], "--set", help="KEY=VALUE override of the application's args."),
+    front_door: str = typer.Option("auto", help="What accepts connections: haproxy (Serve direct ingress behind "
+                                   "HAProxy), proxy (Serve's ProxyActor) or auto (haproxy when installed)."),
     out: Path | None = typer.Option(None, help="Also write the JSON here."),
 ) -> None:
     """kill -9 workers under bounded load: requests lost, outputs changed, time to recover, leaks; JSON last."""
@@ -350,11 +352,22 @@ def bench_chaos_cmd(
                 raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
             args[key.strip()] = yaml.safe_load(value)
         prompts = [t for t in load_turns("gsm8k", num_requests)][:num_requests]
-        res = run_chaos(args, prompts, max_tokens, [s for s in scenarios.split(",") if s], kill_after_s)
-    except (OSError, ValueError) as exc:
+        door = _front_door(front_door)
+        res = {**run_chaos(args, prompts, max_tokens, [s for s in scenarios.split(",") if s], kill_after_s),
+               "front_door": door}
+    except (OSError, ValueError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     _emit(res, out)
+
+
+def _front_door(kind: str) -> str:
+    """Select the front door of the cluster this command starts (see dspark/cluster/front_door.py)."""
+    from dspark.cluster.front_door import use_front_door
+
+    if kind not in ("auto", "haproxy", "proxy"):
+        raise ValueError(f"--front-door must be auto, haproxy or proxy, got {kind!r}")
+    return use_front_door(kind)  # type: ignore[arg-type]
 
 
 @bench_app.command("overload")
@@ -366,7 +379,11 @@ def bench_overload_cmd(
     repeat: int = typer.Option(3, min=1, help="Sustained phases in a row (memory that levels off is bounded)."),
     max_tokens: int = typer.Option(16, min=1),
     rss_bound_mb: float | None = typer.Option(None, help="Stated memory bound for all Ray processes (MiB); "
-                                              "default: resident memory before the burst + 512."),
+                                              "default: their peak at full load (the calibrate phase: the "
+                                              "admission limit in flight) + --rss-margin-mb."),
+    rss_margin_mb: float = typer.Option(512.0, min=0.0, help="What the overload phases may take over full load."),
+    front_door: str = typer.Option("auto", help="What accepts connections: haproxy (Serve direct ingress behind "
+                                   "HAProxy), proxy (Serve's ProxyActor) or auto (haproxy when installed)."),
     set_: list[str] = typer.Option([], "--set", help="KEY=VALUE override of the application's args."),
     out: Path | None = typer.Option(None, help="Also write the JSON here."),
 ) -> None:
@@ -382,10 +399,12 @@ def bench_overload_cmd(
             if not sep:
                 raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
             args[key.strip()] = yaml.safe_load(value)
-    except (OSError, ValueError) as exc:
+        door = _front_door(front_door)
+    except (OSError, ValueError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
-    _emit(run_overload(args, multiple, max_tokens, rss_bound_mb, burst=burst, repeat=repeat), out)
+    _emit({**run_overload(args, multiple, max_tokens, rss_bound_mb, rss_margin_mb, burst=burst, repeat=repeat),
+           "front_door": door}, out)
 
 
 @bench_app.command("serve")
@@ -416,6 +435,8 @@ def bench_serve_cmd(
     interleave: bool = typer.Option(False, help="Start all arms at once (route /<arm>) and run each level in "
                                     "two passes of half the requests, arms in order then reversed, so slow "
                                     "drift of a shared machine hits every arm alike."),
+    front_door: str = typer.Option("auto", help="What accepts connections: haproxy (Serve direct ingress behind "
+                                   "HAProxy), proxy (Serve's ProxyActor) or auto (haproxy when installed)."),
     out: Path | None = typer.Option(None, help="Also write the JSON here."),
     plot_dir: Path | None = typer.Option(None, help="Write throughput-vs-TPS/user and verify-length PNGs here."),
 ) -> None:
@@ -452,8 +473,9 @@ def bench_serve_cmd(
                           num_requests=num_requests, num_warmup=num_warmup, timeout_s=timeout_s)
         cfg = ServeBenchConfig(arms=arm_map, base=base, concurrency=levels, load=load, peer_url=peer_url,
                                peer_model=peer_model, keep_requests=keep_requests, interleave=interleave)
-        res = run_serve_bench(cfg)
-    except (ValueError, FileNotFoundError) as exc:
+        door = _front_door(front_door)
+        res = {**run_serve_bench(cfg), "front_door": door}
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     if out:  # the measurements are on disk before anything else can fail

@@ -17,6 +17,7 @@ from ray import serve
 from transformers import AutoTokenizer
 
 from dspark.cluster.app import ServeAppConfig, build_app
+from dspark.cluster.front_door import front_door_environment
 
 MODEL = "tiny"
 PROMPT = "the cat and the dog"
@@ -30,13 +31,17 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving(args: dict, health_timeout_s: float = 60, headers: dict | None = None) -> Iterator[httpx.Client]:
-    """A local Ray cluster with the dspark app built from `args`, and an HTTP client on it."""
+def serving(args: dict, health_timeout_s: float = 60, headers: dict | None = None,
+            front_door: str = "proxy") -> Iterator[httpx.Client]:
+    """A local Ray cluster with the dspark app built from `args`, and an HTTP client on it (through Serve's
+    proxy unless `front_door` says otherwise)."""
     port = _free_port()
     # a 2-core machine running other work can starve the proxy for a while: be patient with it
     # (the controller inherits these through the local cluster's environment)
     for var in ("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"):
         os.environ.setdefault(var, "60")
+    door = front_door_environment(front_door)  # type: ignore[arg-type]
+    door.__enter__()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -48,6 +53,7 @@ def serving(args: dict, health_timeout_s: float = 60, headers: dict | None = Non
     finally:
         serve.shutdown()
         ray.shutdown()
+        door.__exit__(None, None, None)
 
 
 @pytest.fixture(scope="module")

@@ -29,22 +29,52 @@ import psutil
 from dspark.bench.serve_bench import fixed_pool_args, free_port, wait_healthy
 
 
-def _session_rss_by_process() -> dict[str, float]:
-    """RSS (MiB) of this process and every Ray process on the machine (raylet, GCS, workers, replicas), by
-    process title (`ray::ServeReplica:dspark:dspark-verify`, `ray::ProxyActor`, `raylet`, ...)."""
+def _session_processes() -> list[tuple[str, psutil.Process]]:
+    """This process ("load generator") and every Ray process on the machine (raylet, GCS, workers,
+    replicas), each with its title (`ray::ServeReplica:dspark:dspark-verify`, `ray::ProxyActor`, `raylet`)."""
     me = psutil.Process()
-    out: dict[str, float] = {"load generator": me.memory_info().rss / 2**20}
-    for proc in psutil.process_iter(["name", "cmdline", "memory_info"]):
+    out: list[tuple[str, psutil.Process]] = [("load generator", me)]
+    for proc in psutil.process_iter(["name", "cmdline"]):
         try:
             cmd = " ".join(proc.info["cmdline"] or [])
             if proc.pid != me.pid and ("ray::" in cmd or "raylet" in cmd or "gcs_server" in cmd
                                        or "ray/_private" in cmd or "ray/dashboard" in cmd):
                 # a busy replica's title names its method (`...dspark-verify.handle_request`): one key per process
                 title = cmd.split()[0].split(".")[0] if cmd.startswith("ray::") else (proc.info["name"] or "ray")
-                out[title] = out.get(title, 0.0) + proc.info["memory_info"].rss / 2**20
+                out.append((title, proc))
         except (psutil.NoSuchProcess, psutil.AccessDenied, TypeError):
             continue
     return out
+
+
+def _session_rss_by_process() -> dict[str, float]:
+    """RSS (MiB) by process title (processes with the same title summed)."""
+    out: dict[str, float] = {}
+    for title, proc in _session_processes():
+        try:
+            out[title] = out.get(title, 0.0) + proc.memory_info().rss / 2**20
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
+def _session_cpu_by_process() -> dict[str, float]:
+    """CPU seconds (user + system) used so far, by process title."""
+    out: dict[str, float] = {}
+    for title, proc in _session_processes():
+        try:
+            t = proc.cpu_times()
+            out[title] = out.get(title, 0.0) + t.user + t.system
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
+def _cpu_used(before: dict[str, float], after: dict[str, float], num_requests: int) -> dict[str, float]:
+    """CPU ms per request sent, by process, between two snapshots (largest first; under 0.05 ms left out):
+    where a phase's work went (the HTTP path, the compute pools, the load generator itself)."""
+    used = {k: (v - before.get(k, 0.0)) * 1e3 / max(num_requests, 1) for k, v in after.items()}
+    return {k: round(v, 2) for k, v in sorted(used.items(), key=lambda kv: -kv[1]) if v >= 0.05}
 
 
 def _session_rss_mb() -> float:
@@ -201,7 +231,7 @@ def _pct(values: list[float], q: float) -> float | None:
 
 
 def run_overload(args: dict[str, Any], multiple: float = 10.0, max_tokens: int = 16,
-                 rss_bound_mb: float | None = None, timeout_s: float = 300.0,
+                 rss_bound_mb: float | None = None, rss_margin_mb: float = 512.0, timeout_s: float = 300.0,
                  headers: dict[str, str] | None = None, burst: bool = True, hangup_max_tokens: int = 1024,
                  repeat: int = 3) -> dict:
     """Three phases on one running app: `calibrate` (the admission limit's worth at once: every request is
@@ -237,14 +267,19 @@ nothing soon after, not decode `hangup_max_tokens` for no one)."""
         # warm-up: first-request costs are not in the figures
         asyncio.run(_fire(base_url, 4, max_tokens, hdrs, timeout_s))
         rss_before = _session_rss_mb()
-        bound = rss_bound_mb if rss_bound_mb is not None else rss_before + 512.0
         with _RssSampler() as rss:
+            cpu0 = _session_cpu_by_process()
             t0 = time.perf_counter()
             cal = asyncio.run(_fire(base_url, limit, max_tokens, hdrs, timeout_s))
             cal_wall = time.perf_counter() - t0
             capacity_rps = sum(1 for r in cal if r["status"] == 200) / cal_wall
-            phases["calibrate"] = {**_summary(cal, cal_wall), "capacity_rps": round(capacity_rps, 2)}
+            phases["calibrate"] = {**_summary(cal, cal_wall), "capacity_rps": round(capacity_rps, 2),
+                                   "cpu_ms_per_request": _cpu_used(cpu0, _session_cpu_by_process(), len(cal))}
             phases["calibrate"]["rss_peak_mb"] = round(max(rss.samples + [_session_rss_mb()]), 1)
+            # the bound, stated before the overload starts: full load (the limit's worth in flight) may take
+            # what it takes; ten times the load, refused past the limit, may take at most `margin` more
+            full_load_peak = phases["calibrate"]["rss_peak_mb"]
+            bound = rss_bound_mb if rss_bound_mb is not None else full_load_peak + rss_margin_mb
             # the sustained phase `repeat` times: memory that is bounded levels off (allocator arenas warm up
             # in the first); memory that leaks grows again by as much in each
             spread = num / (multiple * max(capacity_rps, 1e-3))
@@ -253,10 +288,12 @@ nothing soon after, not decode `hangup_max_tokens` for no one)."""
             for name, spread_s in runs:
                 time.sleep(2.0)  # the previous phase's requests are done; let the engines go idle
                 first_sample = len(rss.samples)
+                cpu0 = _session_cpu_by_process()
                 t0 = time.perf_counter()
                 recs = asyncio.run(_fire(base_url, num, max_tokens, hdrs, timeout_s, spread_s))
                 phases[name] = {**_summary(recs, time.perf_counter() - t0), "spread_s": round(spread_s, 2),
                                 "arrival_rps": round(num / spread_s, 2) if spread_s else None,
+                                "cpu_ms_per_request": _cpu_used(cpu0, _session_cpu_by_process(), len(recs)),
                                 "rss_peak_mb": round(max(rss.samples[first_sample:] + [_session_rss_mb()]), 1)}
                 records += recs
         leftover = _engine_leftovers(base_url, hdrs)
@@ -286,6 +323,7 @@ nothing soon after, not decode `hangup_max_tokens` for no one)."""
         serve.shutdown()
         ray.shutdown()
     everything = cal + records
+    overload_peak = max(phases[name]["rss_peak_mb"] for name, _ in runs)
     sustained = [name for name in phases if name.startswith("sustained")]
     return {
         "bench": "overload", "admission_limit": limit, "multiple": multiple, "max_tokens": max_tokens,
@@ -293,9 +331,10 @@ nothing soon after, not decode `hangup_max_tokens` for no one)."""
         "num_5xx_other_than_503": sum(1 for r in everything if (r["status"] or 0) >= 500 and r["status"] != 503),
         "num_no_response": sum(1 for r in everything if r["status"] is None),
         "phases": phases,
-        "rss_mb": {"before": round(rss_before, 1), "peak": round(max(rss.samples, default=rss_before), 1),
-                   "after": round(rss_after, 1), "bound": round(bound, 1),
-                   "within_bound": max(rss.samples, default=rss_before) <= bound,
+        "rss_mb": {"before": round(rss_before, 1), "full_load_peak": full_load_peak,
+                   "peak": round(max(rss.samples, default=rss_before), 1),
+                   "overload_peak": overload_peak, "after": round(rss_after, 1), "bound": round(bound, 1),
+                   "within_bound": overload_peak <= bound,
                    "growth_to_peak_by_process": rss.growth_by_process(),
                    # peak of each sustained repetition over the previous one's: levels off when memory is bounded
                    "sustained_peak_growth": [round(phases[b]["rss_peak_mb"] - phases[a]["rss_peak_mb"], 1)
