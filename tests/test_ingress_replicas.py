@@ -1,7 +1,8 @@
 """Two ingress replicas in front of shared Serve pools (tiny model, real local cluster, loopback): kill -9
-one ingress replica under steady load. Requests started after Serve has noticed go through the survivor
-(none fails); only those whose HTTP stream the dead replica itself was serving can fail; Serve brings the
-replica back; afterwards the pools hold no request of the dead replica (its streams were cancelled)."""
+one ingress replica under steady load, behind either front door (Serve's proxy, HAProxy). Requests started
+after the door has noticed go through the survivor (none fails); only those whose HTTP stream the dead replica
+itself was serving can fail; Serve brings the replica back; afterwards the pools hold no request of the dead
+replica (its streams were cancelled)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import httpx
 import psutil
 import pytest
 
+from dspark.cluster.front_door import haproxy_binary
 from tests.test_cluster_serving import app_args
 from tests.test_engine_lossless import tiny_prompts
 from tests.test_serve_http import serving
@@ -25,11 +27,17 @@ NUM_NEW = 24
 INGRESS = "SpecDecodeServer"
 
 
-@pytest.fixture(scope="module")
-def server(tiny_target_dir: Path) -> Iterator[httpx.Client]:
+# both front doors: Serve's proxy routes around the dead replica; HAProxy retries the connection on the
+# survivor and marks the dead one down
+DOORS = ["proxy", pytest.param("haproxy", marks=pytest.mark.skipif(
+    haproxy_binary() is None and not os.environ.get("DSPARK_REQUIRE_HAPROXY"), reason="haproxy not installed"))]
+
+
+@pytest.fixture(scope="module", params=DOORS)
+def server(request: pytest.FixtureRequest, tiny_target_dir: Path) -> Iterator[httpx.Client]:
     args = app_args(tiny_target_dir, pools="serve", cluster_name="dspark-ingress", num_replicas=2,
                     num_verify_workers=1, num_draft_workers=1)
-    with serving(args, health_timeout_s=180) as client:
+    with serving(args, health_timeout_s=180, front_door=request.param) as client:
         yield client
 
 
