@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -352,22 +353,23 @@ def bench_chaos_cmd(
                 raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
             args[key.strip()] = yaml.safe_load(value)
         prompts = [t for t in load_turns("gsm8k", num_requests)][:num_requests]
-        door = _front_door(front_door)
-        res = {**run_chaos(args, prompts, max_tokens, [s for s in scenarios.split(",") if s], kill_after_s),
-               "front_door": door}
+        with _front_door(front_door) as door:
+            res = {**run_chaos(args, prompts, max_tokens, [s for s in scenarios.split(",") if s], kill_after_s),
+                   "front_door": door}
     except (OSError, ValueError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     _emit(res, out)
 
 
-def _front_door(kind: str) -> str:
-    """Select the front door of the cluster this command starts (see dspark/cluster/front_door.py)."""
-    from dspark.cluster.front_door import use_front_door
+def _front_door(kind: str) -> contextlib.AbstractContextManager[str]:
+    """The front door of the cluster this command starts, for the command's duration (the environment is
+    restored after it: commands run in-process, e.g. from tests, leave no switch behind)."""
+    from dspark.cluster.front_door import front_door_environment
 
     if kind not in ("auto", "haproxy", "proxy"):
         raise ValueError(f"--front-door must be auto, haproxy or proxy, got {kind!r}")
-    return use_front_door(kind)  # type: ignore[arg-type]
+    return front_door_environment(kind)  # type: ignore[arg-type]
 
 
 @bench_app.command("overload")
@@ -400,11 +402,16 @@ def bench_overload_cmd(
                 raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
             args[key.strip()] = yaml.safe_load(value)
         door = _front_door(front_door)
+        chosen = door.__enter__()
     except (OSError, ValueError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
-    _emit({**run_overload(args, multiple, max_tokens, rss_bound_mb, rss_margin_mb, burst=burst, repeat=repeat),
-           "front_door": door}, out)
+    try:
+        res = {**run_overload(args, multiple, max_tokens, rss_bound_mb, rss_margin_mb, burst=burst, repeat=repeat),
+               "front_door": chosen}
+    finally:
+        door.__exit__(None, None, None)
+    _emit(res, out)
 
 
 @bench_app.command("serve")
@@ -473,8 +480,8 @@ def bench_serve_cmd(
                           num_requests=num_requests, num_warmup=num_warmup, timeout_s=timeout_s)
         cfg = ServeBenchConfig(arms=arm_map, base=base, concurrency=levels, load=load, peer_url=peer_url,
                                peer_model=peer_model, keep_requests=keep_requests, interleave=interleave)
-        door = _front_door(front_door)
-        res = {**run_serve_bench(cfg), "front_door": door}
+        with _front_door(front_door) as door:
+            res = {**run_serve_bench(cfg), "front_door": door}
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
