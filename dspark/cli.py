@@ -401,16 +401,12 @@ def bench_overload_cmd(
             if not sep:
                 raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
             args[key.strip()] = yaml.safe_load(value)
-        door = _front_door(front_door)
-        chosen = door.__enter__()
+        with _front_door(front_door) as door:
+            res = {**run_overload(args, multiple, max_tokens, rss_bound_mb, rss_margin_mb, burst=burst,
+                                  repeat=repeat), "front_door": door}
     except (OSError, ValueError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
-    try:
-        res = {**run_overload(args, multiple, max_tokens, rss_bound_mb, rss_margin_mb, burst=burst, repeat=repeat),
-               "front_door": chosen}
-    finally:
-        door.__exit__(None, None, None)
     _emit(res, out)
 
 

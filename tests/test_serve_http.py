@@ -40,20 +40,18 @@ def serving(args: dict, health_timeout_s: float = 60, headers: dict | None = Non
     # (the controller inherits these through the local cluster's environment)
     for var in ("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"):
         os.environ.setdefault(var, "60")
-    door = front_door_environment(front_door)  # type: ignore[arg-type]
-    door.__enter__()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build_app(args), name="dspark", route_prefix="/")
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=max(60, health_timeout_s),
-                          headers=headers) as client:
-            _wait_healthy(client, health_timeout_s)
-            yield client
-    finally:
-        serve.shutdown()
-        ray.shutdown()
-        door.__exit__(None, None, None)
+    with front_door_environment(front_door):  # type: ignore[arg-type]
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        try:
+            serve.start(http_options={"host": "127.0.0.1", "port": port})
+            serve.run(build_app(args), name="dspark", route_prefix="/")
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=max(60, health_timeout_s),
+                              headers=headers) as client:
+                _wait_healthy(client, health_timeout_s)
+                yield client
+        finally:
+            serve.shutdown()
+            ray.shutdown()
 
 
 @pytest.fixture(scope="module")

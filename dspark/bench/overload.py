@@ -19,6 +19,7 @@ import statistics
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -47,27 +48,25 @@ def _session_processes() -> list[tuple[str, psutil.Process]]:
     return out
 
 
-def _session_rss_by_process() -> dict[str, float]:
-    """RSS (MiB) by process title (processes with the same title summed)."""
+def _by_process(measure: Callable[[psutil.Process], float]) -> dict[str, float]:
+    """`measure(process)` summed by process title (processes that went away meanwhile are left out)."""
     out: dict[str, float] = {}
     for title, proc in _session_processes():
         try:
-            out[title] = out.get(title, 0.0) + proc.memory_info().rss / 2**20
+            out[title] = out.get(title, 0.0) + measure(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return out
+
+
+def _session_rss_by_process() -> dict[str, float]:
+    """RSS (MiB) by process title."""
+    return _by_process(lambda p: p.memory_info().rss / 2**20)
 
 
 def _session_cpu_by_process() -> dict[str, float]:
     """CPU seconds (user + system) used so far, by process title."""
-    out: dict[str, float] = {}
-    for title, proc in _session_processes():
-        try:
-            t = proc.cpu_times()
-            out[title] = out.get(title, 0.0) + t.user + t.system
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return out
+    return _by_process(lambda p: sum(p.cpu_times()[:2]))
 
 
 def _cpu_used(before: dict[str, float], after: dict[str, float], num_requests: int) -> dict[str, float]:

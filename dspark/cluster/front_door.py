@@ -41,6 +41,11 @@ def resolve(kind: FrontDoor) -> Literal["haproxy", "proxy"]:
     return kind
 
 
+# every variable front_door_env may set: what switching doors (and restoring) has to cover
+KEYS = ("RAY_SERVE_ENABLE_DIRECT_INGRESS", "RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_HAPROXY_BINARY_PATH",
+        "RAY_SERVE_HAPROXY_NBTHREAD", "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S")
+
+
 def front_door_env(kind: FrontDoor = "auto") -> dict[str, str]:
     """The environment that selects `kind` (empty for Serve's own proxy)."""
     if resolve(kind) == "proxy":
@@ -60,7 +65,7 @@ def front_door_env(kind: FrontDoor = "auto") -> dict[str, str]:
 def use_front_door(kind: FrontDoor = "auto") -> str:
     """Select the front door for the clusters this process starts from now on; returns the one chosen."""
     env = front_door_env(kind)
-    for key in ("RAY_SERVE_ENABLE_DIRECT_INGRESS", "RAY_SERVE_ENABLE_HA_PROXY"):
+    for key in KEYS:
         os.environ.pop(key, None)
     os.environ.update(env)
     return "haproxy" if env else "proxy"
@@ -69,8 +74,7 @@ def use_front_door(kind: FrontDoor = "auto") -> str:
 @contextlib.contextmanager
 def front_door_environment(kind: FrontDoor = "auto") -> Iterator[str]:
     """`use_front_door` for the clusters started inside the block; the environment is restored after."""
-    saved = {k: os.environ.get(k) for k in (*front_door_env("haproxy" if haproxy_binary() else "proxy"),
-                                            "RAY_SERVE_ENABLE_DIRECT_INGRESS", "RAY_SERVE_ENABLE_HA_PROXY")}
+    saved = {k: os.environ.get(k) for k in KEYS}
     try:
         yield use_front_door(kind)
     finally:
