@@ -23,30 +23,39 @@ def _sync(device: torch.device) -> None:
 
 def profile_target(target: TargetModel, grid: tuple[int, ...] = DEFAULT_GRID, context_len: int = 256,
                    tokens_per_request: int = 8, num_repeats: int = 5, num_warmup: int = 2,
-                   show_progress: bool = True) -> SPSTable:
+                   show_progress: bool = True, row_invariant: bool = True) -> SPSTable:
     """Median step time of verification-shaped batches: B tokens as ⌈B/8⌉ requests of ≤ 8 tokens,
-    each over `context_len` cached tokens (the shape a verify step has)."""
+    each over `context_len` cached tokens (the shape a verify step has). `row_invariant`: the verify
+    engine's kernels (the default; what the schedulers' profile describes), else the generation path's."""
     max_reqs = -(-max(grid) // tokens_per_request)
-    runner = TargetRunner(target.model, max_reqs, context_len + tokens_per_request + 1)
+    runner = TargetRunner(target.model, max_reqs, context_len + tokens_per_request + 1, row_invariant=row_invariant)
     slots = [runner.cache.allocate() for _ in range(max_reqs)]
     gen = torch.Generator().manual_seed(0)
     ctx = torch.randint(0, runner.vocab_size, (context_len,), generator=gen).tolist()
     runner.forward([SeqChunk(s, 0, ctx, 1) for s in slots])  # fill every slot's context once
-    times_ms = []
-    for num_tokens in tqdm(grid, desc="profile", unit="B", disable=not show_progress):
+    batches = []
+    for num_tokens in grid:
         sizes = [tokens_per_request] * (num_tokens // tokens_per_request)
         if num_tokens % tokens_per_request:
             sizes.append(num_tokens % tokens_per_request)
-        chunks = [SeqChunk(slots[i], context_len, ctx[:n], n) for i, n in enumerate(sizes)]
-        samples = []
-        for i in range(num_warmup + num_repeats):
+        batches.append([SeqChunk(slots[i], context_len, ctx[:n], n) for i, n in enumerate(sizes)])
+    for chunks in batches:
+        for _ in range(num_warmup):
+            runner.forward(chunks)
+    # round-robin: each repeat times every size once, so a burst of noise from a shared host lands on
+    # one sample of many sizes (the median drops it) instead of on every sample of one size
+    samples: list[list[float]] = [[] for _ in grid]
+    bar = tqdm(total=num_repeats * len(grid), desc="profile", unit="step", disable=not show_progress)
+    for _ in range(num_repeats):
+        for chunks, out in zip(batches, samples):
             _sync(runner.device)
             t0 = time.perf_counter()
             runner.forward(chunks)
             _sync(runner.device)
-            if i >= num_warmup:
-                samples.append((time.perf_counter() - t0) * 1e3)
-        times_ms.append(statistics.median(samples))
+            out.append((time.perf_counter() - t0) * 1e3)
+            bar.update()
+    bar.close()
+    times_ms = [statistics.median(s) for s in samples]
     from dspark.verify_service.profiles import machine_identity
 
     meta = {**machine_identity(target.name, target.device, target.dtype),
