@@ -63,5 +63,11 @@ def test_haproxy_front_door_serves_streams_and_refuses_cleanly(tiny_target_dir: 
         assert set(codes) <= {200, 429} and codes.count(200) >= 2 and codes.count(429) >= 1, codes
         for r in statuses:
             if r.status_code == 429:
-                assert int(r.headers["retry-after"]) >= 1 and r.json()["error"]["message"]
+                assert int(r.headers["retry-after"]) >= 1, (r.headers, r.text)
+                # ours: a JSON error with a reason; Serve's own backpressure 429 (past max_ongoing_requests,
+                # app.py) carries its reason as text
+                if r.headers.get("content-type", "").startswith("application/json"):
+                    assert r.json()["error"]["message"]
+                else:
+                    assert r.text.strip(), (r.headers, r.text)
     assert "RAY_SERVE_ENABLE_DIRECT_INGRESS" not in os.environ  # the next cluster gets Serve's proxy again
