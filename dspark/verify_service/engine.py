@@ -112,6 +112,15 @@ def _prefill_groups(reqs: list[Request], sizes: list[int] | None = None, max_req
     return groups
 
 
+def _is_lossless_dtype(runner: TargetRunner, model: torch.nn.Module) -> bool:
+    """False for a low-precision verify runner that is not row-invariant on this CPU: speculation in it would
+    drift from target-only decoding in that dtype (models/row_invariance.py)."""
+    from dspark.models.row_invariance import is_row_invariant
+
+    return not (runner.device.type == "cpu" and runner.row_invariant
+                and runner.dtype in (torch.bfloat16, torch.float16) and not is_row_invariant(model))
+
+
 class Engine:
     """Serves many requests at once; output follows the target's distribution exactly."""
 
@@ -121,11 +130,21 @@ class Engine:
             torch.set_num_threads(config.num_threads)
         self.config = config
         self.target = target or load_target(config.target, config.device, resolve_dtype(config))
-        self.tokenizer = self.target.tokenizer
-        self.eos_ids = self.target.eos_token_ids
         # bulk generation is compared with nothing: it may use kernels whose rounding varies with the batch
         self.runner = TargetRunner(self.target.model, config.max_num_seqs, config.max_model_len,
                                    row_invariant=config.dtype_role != "generate")
+        if (drafter is not None or config.drafter != "none") and not _is_lossless_dtype(self.runner,
+                                                                                         self.target.model):
+            dtype = str(self.runner.dtype).removeprefix("torch.")
+            if config.dtype != "auto" or target is not None:
+                raise ValueError(f"speculative decoding in {dtype} is not lossless on this CPU: a verify step's "
+                                 "logits change with the number of tokens it carries. Use dtype fp32, or auto "
+                                 "(the measured fastest verify dtype), or no drafter")
+            log.warning("dtype auto chose %s, whose verify step is not row-invariant on this CPU: fp32", dtype)
+            self.target = load_target(config.target, config.device, "fp32")
+            self.runner = TargetRunner(self.target.model, config.max_num_seqs, config.max_model_len)
+        self.tokenizer = self.target.tokenizer
+        self.eos_ids = self.target.eos_token_ids
         self.drafter = drafter if drafter is not None else make_drafter(
             config.drafter, self.target, **config.drafter_kwargs)
         # target layers whose hidden states the drafter consumes (DSpark-style context features)
