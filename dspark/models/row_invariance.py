@@ -10,18 +10,20 @@ too: on a 2-core AMD EPYC with avx512_bf16 and no AMX it does, on the AMX Xeon i
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from dspark.models.runner import SeqChunk, TargetRunner
 
-_SEEN: dict[int, bool] = {}
+# by model object, forgotten with it (an id could be reused by the next model loaded)
+_SEEN: weakref.WeakKeyDictionary[torch.nn.Module, bool] = weakref.WeakKeyDictionary()
 
 
 def is_row_invariant(model: torch.nn.Module, context_len: int = 40, num_tokens: int = 8) -> bool:
     """True when `num_tokens` tokens verified in one step get bit for bit the logits of as many one-token
     steps over the same cached context (measured once per model object)."""
-    key = id(model)
-    if key not in _SEEN:
+    if model not in _SEEN:
         runner = TargetRunner(model, 2, context_len + num_tokens + 1)
         block_slot, single_slot = runner.cache.allocate(), runner.cache.allocate()
         gen = torch.Generator().manual_seed(0)
@@ -33,5 +35,5 @@ def is_row_invariant(model: torch.nn.Module, context_len: int = 40, num_tokens: 
             block = runner.forward([SeqChunk(block_slot, context_len, nxt, num_tokens)]).logits
             rows = [runner.forward([SeqChunk(single_slot, context_len + i, nxt[i:i + 1], 1)]).logits[-1]
                     for i in range(num_tokens)]
-        _SEEN[key] = all(torch.equal(block[i], row) for i, row in enumerate(rows))
-    return _SEEN[key]
+        _SEEN[model] = all(torch.equal(block[i], row) for i, row in enumerate(rows))
+    return _SEEN[model]
