@@ -16,23 +16,37 @@ of per-step ratios, so one lucky probe does not reopen a gate that many probes k
 While g(B) = spec(B) / plain(B) stays at or below 1 the gate skips drafting at that batch size and
 probes again every few steps, backing off while probes keep losing.
 
+Robust to one slow round: the sums run over the last `window` drafted rounds at B, leaving out any round
+slower than `outlier` × their low median, and a plain round counts at most `outlier` × the current R_plain
+(a genuine slow-down still moves it, by steps). Without that, an engine's first rounds (lazy kernel set-up,
+cold caches: 5-10x a warm round on a 2-core AMD EPYC) shut the gate for the rest of a run, since probes get
+rarer while they lose. A batch size not seen yet starts where the nearest smaller measured size stands when
+that one is shut (speculation pays less as the batch grows: the paper's Fig. 8), so under changing load
+every new size does not pay a round of drafting to learn what its neighbour already knew.
+
 Lossless: whether a step drafts depends only on past steps (batch size, past acceptance, past timings),
 never on the tokens being verified, and a skipped step is exactly a target-only decode step.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
 
 from dspark.spec.sps import SPSTable
 
 
 @dataclass
+class _Round:
+    tokens: int  # B + accepted
+    round_ms: float  # R_draft
+
+
+@dataclass
 class _SizeState:
     probe_interval: int  # steps between probes while g(B) <= 1
-    tokens: float = 0.0  # Σ w·(B + accepted) over drafted rounds
-    round_ms: float = 0.0  # Σ w·R_draft
-    weight: float = 0.0  # Σ w
+    rounds: deque[_Round] = field(default_factory=deque)  # the last `window` drafted rounds, newest last
     gain: float = 1.0  # g(B) at the last drafted round
     plain_ms: float | None = None  # smoothed R_plain(B), measured on plain rounds
     plain_estimate_ms: float | None = None  # R_plain(B) estimated from drafted rounds' verify forwards
@@ -43,17 +57,23 @@ class DraftGate:
     """Per batch size, draft while measured speculation beats target-only decoding."""
 
     def __init__(self, probe_every: int = 8, max_probe_every: int = 64, memory: float = 0.9,
-                 smoothing: float = 0.8) -> None:
+                 smoothing: float = 0.8, window: int = 32, outlier: float = 3.0) -> None:
         if not 1 <= probe_every <= max_probe_every:
             raise ValueError(f"need 1 <= probe_every <= max_probe_every, got {probe_every}, {max_probe_every}")
         if not 0.0 <= memory < 1.0:
             raise ValueError(f"memory must be in [0, 1), got {memory}")
         if not 0.0 <= smoothing < 1.0:
             raise ValueError(f"smoothing must be in [0, 1), got {smoothing}")
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        if outlier <= 1.0:
+            raise ValueError(f"outlier must be > 1, got {outlier}")
         self.probe_every = probe_every
         self.max_probe_every = max_probe_every
         self.memory = memory  # decay of the drafted rounds' sums, per drafted round
         self.smoothing = smoothing  # of the plain round times
+        self.window = window  # drafted rounds per batch size that g(B) is computed over
+        self.outlier = outlier  # a round this many times its peers' low median is left out
         self._sizes: dict[int, _SizeState] = {}
         self.overhead_ms = 0.0  # O: smoothed time between rounds
         self.num_drafted = 0
@@ -66,12 +86,27 @@ class DraftGate:
     def should_draft(self, batch_size: int) -> bool:
         """Decide for a step of `batch_size` requests; counts the step as skipped if it says no."""
         state = self._sizes.get(batch_size)
-        if state is None or state.weight == 0.0 or state.gain > 1.0 or state.skipped + 1 >= state.probe_interval:
+        if state is None or not state.rounds:
+            state = self._inherit(batch_size) or state
+        if state is None or not state.rounds or state.gain > 1.0 or state.skipped + 1 >= state.probe_interval:
             self.num_drafted += 1
             return True
         state.skipped += 1
         self.num_skipped += 1
         return False
+
+    def _inherit(self, batch_size: int) -> _SizeState | None:
+        """A new size starts shut where the nearest smaller drafted size is shut (its gain and back-off)."""
+        smaller = [b for b, st in self._sizes.items() if b < batch_size and st.rounds]
+        if not smaller:
+            return None
+        near = self._sizes[max(smaller)]
+        if near.gain > 1.0:
+            return None
+        state = self._state(batch_size)
+        state.gain, state.probe_interval = near.gain, near.probe_interval
+        state.rounds.append(_Round(batch_size, 0.0))  # a placeholder: replaced by the first real probe
+        return state
 
     def _state(self, batch_size: int) -> _SizeState:
         if batch_size not in self._sizes:
@@ -93,8 +128,11 @@ class DraftGate:
         if batch_size < 1 or round_ms <= 0.0:
             return
         state = self._state(batch_size)
-        a = self.smoothing if state.plain_ms is not None else 0.0
-        state.plain_ms = a * (state.plain_ms or 0.0) + (1.0 - a) * round_ms
+        if state.plain_ms is None:
+            state.plain_ms = round_ms
+        else:
+            capped = min(round_ms, self.outlier * state.plain_ms)
+            state.plain_ms = self.smoothing * state.plain_ms + (1.0 - self.smoothing) * capped
 
     def record(self, batch_size: int, num_verified: int, num_accepted: int, round_ms: float,
                verify_ms: float, sps: SPSTable) -> float:
@@ -114,10 +152,21 @@ class DraftGate:
             state.plain_estimate_ms = a * (state.plain_estimate_ms or 0.0) + (1.0 - a) * est
         overhead = self.overhead_ms
         plain = batch_size / (self.plain_ms(batch_size, sps) + overhead)
-        state.tokens = self.memory * state.tokens + batch_size + num_accepted
-        state.round_ms = self.memory * state.round_ms + max(0.0, round_ms)
-        state.weight = self.memory * state.weight + 1.0
-        state.gain = state.tokens / (state.round_ms + state.weight * overhead) / plain
+        if state.rounds and state.rounds[-1].round_ms == 0.0:
+            state.rounds.pop()  # an inherited placeholder
+        state.rounds.append(_Round(batch_size + num_accepted, max(0.0, round_ms)))
+        while len(state.rounds) > self.window:
+            state.rounds.popleft()
+        limit = self.outlier * statistics.median_low(r.round_ms for r in state.rounds)
+        tokens = round_ms_sum = weight = 0.0
+        w = 1.0
+        for r in reversed(state.rounds):  # newest first, weights memory ** age
+            if r.round_ms <= limit:
+                tokens += w * r.tokens
+                round_ms_sum += w * r.round_ms
+                weight += w
+            w *= self.memory
+        state.gain = tokens / (round_ms_sum + weight * overhead) / plain if weight > 0.0 else 1.0
         if state.gain > 1.0:
             state.probe_interval = self.probe_every
         elif state.skipped > 0:  # a probe that lost again: wait longer before the next one
@@ -127,4 +176,5 @@ class DraftGate:
 
     def gains(self) -> dict[int, float]:
         """g(B) per batch size drafted at so far (for stats and plots)."""
-        return {size: state.gain for size, state in sorted(self._sizes.items()) if state.weight > 0.0}
+        return {size: state.gain for size, state in sorted(self._sizes.items())
+                if any(r.round_ms > 0.0 for r in state.rounds)}

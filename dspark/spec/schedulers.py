@@ -130,7 +130,14 @@ class AsyncCapacity:
         self._capacity_history: deque[int] = deque(maxlen=delay_steps)
 
     def schedule(self, survival: list[list[float]], sps: SPSTable) -> list[int]:
-        """See `Scheduler.schedule`; also records this table's capacity for later steps."""
+        """See `Scheduler.schedule`; also records this table's capacity for later steps.
+
+        A table with nothing drafted (a step the draft gate skipped) schedules nothing and is not
+        recorded: its capacity 0 says nothing about what a drafted step can verify, and recording it
+        would make the draft gate's next probe verify nothing, lose, and keep the gate shut.
+        """
+        if not any(survival):
+            return [0] * len(survival)
         if len(self._capacity_history) == self.delay_steps:
             lengths = top_k_lengths(survival, self._capacity_history[0])
         elif self.fallback_capacity is not None:

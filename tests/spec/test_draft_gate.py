@@ -116,3 +116,33 @@ def test_overhead_outside_the_round_dilutes_the_draft_cost() -> None:
     assert gate.record(1, 1, 1, 160.0, 100.0, SPS) == pytest.approx((2 / 260) / (1 / 200), rel=1e-6)
     gate.note_overhead(-5.0)  # clock noise never counts as negative time
     assert gate.overhead_ms < 100.0
+
+
+def test_one_slow_first_round_does_not_shut_the_gate_for_good() -> None:
+    # an engine's first drafted round: 10x a warm one (lazy kernel set-up, cold caches)
+    gate = DraftGate(probe_every=4)
+    gate.record_plain(1, 100.0)
+    gate.record(1, 3, 2, 1200.0, 100.0, SPS)
+    assert gate.gains()[1] < 1.0  # alone it decides: shut
+    assert [gate.should_draft(1) for _ in range(4)] == [False, False, False, True]
+    # the probe is a warm round that wins: the cold one is an outlier against it and no longer counts
+    gate.record(1, 3, 2, 120.0, 100.0, SPS)
+    assert gate.gains()[1] == pytest.approx(3 / 120 / (1 / 100))
+    assert all(gate.should_draft(1) for _ in range(10))
+    # a plain round 20x slower moves R_plain by at most `outlier` x in one step
+    gate.record_plain(1, 2000.0)
+    assert gate.plain_ms(1, SPS) == pytest.approx(0.8 * 100.0 + 0.2 * 300.0)
+
+
+def test_a_new_batch_size_starts_where_its_smaller_neighbour_is_shut() -> None:
+    gate = DraftGate(probe_every=4)
+    gate.record(4, 3, 0, 200.0, 100.0, SPS)  # B=4 loses
+    assert not gate.should_draft(4)
+    # B=6 was never drafted at: it starts shut with B=4's back-off, then probes on its own
+    assert [gate.should_draft(6) for _ in range(4)] == [False, False, False, True]
+    assert 6 not in gate.gains()  # nothing measured at 6 yet
+    gate.record(6, 6, 6, 110.0, 100.0, SPS)  # its own probe wins: (6+6)/110 vs 6/100
+    assert gate.gains()[6] > 1.0 and all(gate.should_draft(6) for _ in range(5))
+    # a smaller size than any measured, or one above an open size, drafts at once
+    assert gate.should_draft(2)
+    assert gate.should_draft(8)

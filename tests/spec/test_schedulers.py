@@ -91,6 +91,17 @@ def test_async_takes_capacity_from_the_table_two_steps_back() -> None:
     assert scheduler.schedule(HIGH_TABLE, APPENDIX_SPS) == [0]
 
 
+def test_async_skips_steps_that_drafted_nothing() -> None:
+    # steps the draft gate skipped carry empty tables: they verify nothing and leave the history alone,
+    # so the next drafted step (a probe) verifies what the last drafted tables said it could
+    scheduler = AsyncCapacity(delay_steps=2)
+    scheduler.schedule(HIGH_TABLE, APPENDIX_SPS)
+    scheduler.schedule(HIGH_TABLE, APPENDIX_SPS)
+    for _ in range(5):
+        assert scheduler.schedule([[]], APPENDIX_SPS) == [0]
+    assert scheduler.schedule(HIGH_TABLE, APPENDIX_SPS) == [2]
+
+
 def test_async_capacity_is_a_token_count_across_batch_sizes() -> None:
     scheduler = AsyncCapacity(delay_steps=1)
     scheduler.schedule([[0.95, 0.9, 0.85]], FLAT_SPS)  # K = 3 from a one-request table
