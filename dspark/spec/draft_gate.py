@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from dspark.spec.sps import SPSTable
 
@@ -46,7 +46,8 @@ class _Round:
 @dataclass
 class _SizeState:
     probe_interval: int  # steps between probes while g(B) <= 1
-    rounds: deque[_Round] = field(default_factory=deque)  # the last `window` drafted rounds, newest last
+    rounds: deque[_Round]  # the last `window` drafted rounds, newest last
+    inherited: bool = False  # shut on a smaller size's word, not yet probed itself
     gain: float = 1.0  # g(B) at the last drafted round
     plain_ms: float | None = None  # smoothed R_plain(B), measured on plain rounds
     plain_estimate_ms: float | None = None  # R_plain(B) estimated from drafted rounds' verify forwards
@@ -88,7 +89,8 @@ class DraftGate:
         state = self._sizes.get(batch_size)
         if state is None or not state.rounds:
             state = self._inherit(batch_size) or state
-        if state is None or not state.rounds or state.gain > 1.0 or state.skipped + 1 >= state.probe_interval:
+        unknown = state is None or not (state.rounds or state.inherited)
+        if unknown or state.gain > 1.0 or state.skipped + 1 >= state.probe_interval:
             self.num_drafted += 1
             return True
         state.skipped += 1
@@ -104,13 +106,12 @@ class DraftGate:
         if near.gain > 1.0:
             return None
         state = self._state(batch_size)
-        state.gain, state.probe_interval = near.gain, near.probe_interval
-        state.rounds.append(_Round(batch_size, 0.0))  # a placeholder: replaced by the first real probe
+        state.gain, state.probe_interval, state.inherited = near.gain, near.probe_interval, True
         return state
 
     def _state(self, batch_size: int) -> _SizeState:
         if batch_size not in self._sizes:
-            self._sizes[batch_size] = _SizeState(self.probe_every)
+            self._sizes[batch_size] = _SizeState(self.probe_every, deque(maxlen=self.window))
         return self._sizes[batch_size]
 
     def plain_ms(self, batch_size: int, sps: SPSTable) -> float:
@@ -152,11 +153,8 @@ class DraftGate:
             state.plain_estimate_ms = a * (state.plain_estimate_ms or 0.0) + (1.0 - a) * est
         overhead = self.overhead_ms
         plain = batch_size / (self.plain_ms(batch_size, sps) + overhead)
-        if state.rounds and state.rounds[-1].round_ms == 0.0:
-            state.rounds.pop()  # an inherited placeholder
+        state.inherited = False
         state.rounds.append(_Round(batch_size + num_accepted, max(0.0, round_ms)))
-        while len(state.rounds) > self.window:
-            state.rounds.popleft()
         limit = self.outlier * statistics.median_low(r.round_ms for r in state.rounds)
         tokens = round_ms_sum = weight = 0.0
         w = 1.0
@@ -176,5 +174,4 @@ class DraftGate:
 
     def gains(self) -> dict[int, float]:
         """g(B) per batch size drafted at so far (for stats and plots)."""
-        return {size: state.gain for size, state in sorted(self._sizes.items())
-                if any(r.round_ms > 0.0 for r in state.rounds)}
+        return {size: state.gain for size, state in sorted(self._sizes.items()) if state.rounds}
