@@ -12,6 +12,7 @@ import httpx
 import psutil
 import pytest
 
+from dspark.cluster.cpu_priority import REQUEST_PATH_ENV
 from dspark.cluster.front_door import front_door_env, haproxy_binary
 from tests.test_serve_http import MODEL, _sse_events, serving
 
@@ -29,7 +30,9 @@ def _listener(port: int) -> str:
 
 
 def test_haproxy_front_door_serves_streams_and_refuses_cleanly(tiny_target_dir: Path) -> None:
-    assert front_door_env("proxy") == {} and front_door_env("haproxy")["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+    assert front_door_env("proxy") == REQUEST_PATH_ENV
+    assert front_door_env("haproxy")["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+    assert front_door_env("haproxy")["RAY_worker_niceness"] == "0"
     args = {"target": str(tiny_target_dir), "model_name": MODEL, "drafter": "ngram", "scheduler": "fixed",
             "num_draft_tokens": 3, "max_model_len": 2048, "max_num_seqs": 1, "max_queued_requests": 1,
             "num_threads": 1}

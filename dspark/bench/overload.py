@@ -14,12 +14,14 @@ hold no request (no leaked KV slot or draft context). JSON last.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import json
 import statistics
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -229,6 +231,22 @@ def _pct(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
+@contextlib.contextmanager
+def _client_gc_paused() -> Iterator[None]:
+    """No garbage collection in the load generator while a phase runs. This process has torch, transformers
+    and Ray loaded (millions of objects); a full collection, which the records of earlier phases trigger,
+    stops its event loop for 100-300 ms, and every response waiting to be read then counts that pause as
+    the server's latency. Collected between phases instead."""
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.unfreeze()
+
+
 def run_overload(args: dict[str, Any], multiple: float = 10.0, max_tokens: int = 16,
                  rss_bound_mb: float | None = None, rss_margin_mb: float = 512.0, timeout_s: float = 300.0,
                  headers: dict[str, str] | None = None, burst: bool = True, hangup_max_tokens: int = 1024,
@@ -289,7 +307,8 @@ nothing soon after, not decode `hangup_max_tokens` for no one)."""
                 first_sample = len(rss.samples)
                 cpu0 = _session_cpu_by_process()
                 t0 = time.perf_counter()
-                recs = asyncio.run(_fire(base_url, num, max_tokens, hdrs, timeout_s, spread_s))
+                with _client_gc_paused():
+                    recs = asyncio.run(_fire(base_url, num, max_tokens, hdrs, timeout_s, spread_s))
                 phases[name] = {**_summary(recs, time.perf_counter() - t0), "spread_s": round(spread_s, 2),
                                 "arrival_rps": round(num / spread_s, 2) if spread_s else None,
                                 "cpu_ms_per_request": _cpu_used(cpu0, _session_cpu_by_process(), len(recs)),

@@ -9,12 +9,12 @@ verify worker's capacity K.
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from dspark.cluster.cpu_priority import renice_process
 from dspark.cluster.metrics import Metrics
 from dspark.models.target import DEFAULT_TARGET
 from dspark.spec.schedulers import SCHEDULER_NAMES
@@ -42,10 +42,11 @@ class WorkerResources(BaseModel):
         return self.num_threads or max(1, round(self.num_cpus))
 
     def apply_nice(self) -> None:
-        """Lower this process's CPU priority by `nice` (Linux: the calling thread and every thread it starts
-        later, so call it before torch builds its thread pool)."""
+        """Lower this process's CPU priority by `nice`: every thread it has now (Linux sets niceness per
+        thread, and a Serve replica's constructor runs on one of several: Ray's and Serve's own threads
+        were started before it) and, through inheritance, the threads they start later (torch's pool)."""
         if self.nice:
-            os.nice(self.nice)
+            renice_process(self.nice)
 
     def actor_options(self) -> dict[str, Any]:
         options: dict[str, Any] = {"num_cpus": self.num_cpus}
