@@ -49,7 +49,7 @@ def resolve(kind: FrontDoor) -> Literal["haproxy", "proxy"]:
 # every variable front_door_env may set: what switching doors (and restoring) has to cover
 KEYS = ("RAY_SERVE_ENABLE_DIRECT_INGRESS", "RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_HAPROXY_BINARY_PATH",
         "RAY_SERVE_HAPROXY_NBTHREAD", "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S",
-        "RAY_SERVE_THROUGHPUT_OPTIMIZED", *REQUEST_PATH_ENV)
+        *REQUEST_PATH_ENV)
 
 
 def front_door_env(kind: FrontDoor = "auto") -> dict[str, str]:
@@ -65,11 +65,6 @@ def front_door_env(kind: FrontDoor = "auto") -> dict[str, str]:
         # a stopped replica drains for this long before it goes (Serve's default, 30 s, is for external
         # load balancers; HAProxy is told at once)
         "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2",
-        # Ray's pairing for HAProxy: user code, router and HTTP server on one event loop per replica (no
-        # cross-thread handoff per ASGI message), gRPC between replicas, GC frozen after start-up. Measured
-        # (`dspark bench overload`, AMD EPYC, back to back): ingress CPU 3.6 -> 2.0 ms per request,
-        # capacity 13.1 -> 16.6 requests/s, refusal p50 4.1 -> 2.1 ms
-        "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
     }
 
 
