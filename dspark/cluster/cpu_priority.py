@@ -7,8 +7,9 @@ event loop and HAProxy (started by a worker) level with, or below, the pools' co
 started with workers at 0 instead (`REQUEST_PATH_ENV`, read by the raylet from the environment of the
 process that starts it), and each pool worker lowers its whole process by its configured `nice`.
 
-Measured (`dspark bench overload`, AMD EPYC, 2 cores, sustained 10x capacity): with the ingress's and
-HAProxy's threads above the pools, refusal p99 fell from 175 / 39 / 118 ms to 10 / 9 / 99 ms.
+Measured (`dspark bench overload`, AMD EPYC, 2 cores, three sustained phases at 10x capacity, behind
+HAProxy): refusal p99 374 / 616 / 74 ms before, 19.8 / 16.7 / 10.4 ms with this and the bench's own GC
+paused during phases (docs/results/ops/README.md).
 """
 
 from __future__ import annotations
