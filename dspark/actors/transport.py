@@ -8,6 +8,10 @@ A message is a dict of plain Python values and torch tensors (at any nesting dep
   skeleton, then each tensor's raw bytes. Sends are asynchronous and never waited for in line
   (their buffers are kept until done): gloo completes a send only when the peer posts the matching
   receive, and the ping-pong keeps a message in flight each way, so waiting at once would deadlock.
+  Gloo's send work never reports completion until it is waited for (`is_completed()` stays False), so
+  each header also carries how many messages its sender has received: the sends of those messages are
+  done at the peer, and waiting for them returns at once, which frees their buffers. Without it every
+  tensor ever sent (a request's target features) stayed referenced for the life of the channel.
 - `RayChannel` (fallback, and the baseline it is measured against): the same messages as actor-call
   arguments and return values through Ray's object store.
 """
@@ -25,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 _HEADER_TAG, _SKELETON_TAG, _TENSOR_TAG = 1, 2, 3
-_HEADER_LEN = 2  # (skeleton bytes, number of tensors)
+_HEADER_LEN = 3  # (skeleton bytes, number of tensors, messages the sender has received)
 
 
 @dataclass(frozen=True)
@@ -114,23 +118,27 @@ class GlooChannel:
         self.store = dist.TCPStore(host, port, 2, rank == 0, timeout=timeout)
         self.group = dist.ProcessGroupGloo(self.store, rank, 2, timeout)  # blocks until the peer joins
         self.rank, self.peer = rank, 1 - rank
-        self._pending_sends: list[tuple[Any, list[torch.Tensor]]] = []  # (work, buffers kept alive)
+        # (message index, work, buffers kept alive) of sends the peer has not acknowledged yet
+        self._pending_sends: list[tuple[int, Any, list[torch.Tensor]]] = []
         self.num_bytes_sent = 0
+        self.num_messages_sent = 0
+        self.num_messages_received = 0
 
     def send(self, message: Any) -> None:
         self._reap_sends()
         skeleton, tensors = pack(message)
         blob = torch.frombuffer(bytearray(pickle.dumps(skeleton)), dtype=torch.uint8)
-        header = torch.tensor([blob.numel(), len(tensors)], dtype=torch.int64)
+        header = torch.tensor([blob.numel(), len(tensors), self.num_messages_received], dtype=torch.int64)
         parts = [(header, _HEADER_TAG), (blob, _SKELETON_TAG)] + [(t, _TENSOR_TAG) for t in tensors if t.numel()]
         for tensor, tag in parts:
-            self._pending_sends.append((self.group.send([tensor], self.peer, tag), [tensor]))
+            self._pending_sends.append((self.num_messages_sent, self.group.send([tensor], self.peer, tag), [tensor]))
             self.num_bytes_sent += tensor.numel() * tensor.element_size()
+        self.num_messages_sent += 1
 
     def recv(self) -> Any:
         header = torch.empty(_HEADER_LEN, dtype=torch.int64)
         self.group.recv([header], self.peer, _HEADER_TAG).wait()
-        num_bytes, _ = header.tolist()
+        num_bytes, _, peer_received = header.tolist()
         blob = torch.empty(num_bytes, dtype=torch.uint8)
         self.group.recv([blob], self.peer, _SKELETON_TAG).wait()
         skeleton = pickle.loads(blob.numpy().tobytes())
@@ -140,16 +148,28 @@ class GlooChannel:
             if t.numel():
                 self.group.recv([t], self.peer, _TENSOR_TAG).wait()
             tensors.append(t)
-        self._reap_sends()
+        self.num_messages_received += 1
+        self._reap_sends(peer_received)
         return unpack(skeleton, tensors)
 
-    def _reap_sends(self) -> None:
-        """Drop finished sends; the newest message's sends may still wait for the peer's next receive."""
-        self._pending_sends = [(w, b) for w, b in self._pending_sends if not w.is_completed()]
+    @property
+    def num_pending_sends(self) -> int:
+        return len(self._pending_sends)
+
+    def _reap_sends(self, peer_received: int = 0) -> None:
+        """Drop finished sends: those of the messages the peer says it has received (waiting for them
+        returns at once) and any gloo reports done; newer ones may still wait for the peer's receive."""
+        keep = []
+        for index, work, buffers in self._pending_sends:
+            if index < peer_received:
+                work.wait()
+            elif not work.is_completed():
+                keep.append((index, work, buffers))
+        self._pending_sends = keep
 
     def flush(self) -> None:
         """Wait until every message sent so far was received by the peer."""
-        for work, _ in self._pending_sends:
+        for _, work, _ in self._pending_sends:
             work.wait()
         self._pending_sends = []
 
