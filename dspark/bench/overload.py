@@ -283,6 +283,7 @@ nothing soon after, not decode `hangup_max_tokens` for no one)."""
         wait_healthy(base_url, 900)
         # warm-up: first-request costs are not in the figures
         asyncio.run(_fire(base_url, 4, max_tokens, hdrs, timeout_s))
+        links_before = _draft_links(base_url, hdrs)
         rss_before = _session_rss_mb()
         with _RssSampler() as rss:
             cpu0 = _session_cpu_by_process()
@@ -314,6 +315,7 @@ nothing soon after, not decode `hangup_max_tokens` for no one)."""
                                 "cpu_ms_per_request": _cpu_used(cpu0, _session_cpu_by_process(), len(recs)),
                                 "rss_peak_mb": round(max(rss.samples[first_sample:] + [_session_rss_mb()]), 1)}
                 records += recs
+        links_after = _draft_links(base_url, hdrs)
         leftover = _engine_leftovers(base_url, hdrs)
         # clients that hang up mid-stream: their KV slots and draft contexts must be freed, not decoded to the end
         num_hangups = min(limit, cfg.capacity)
@@ -358,6 +360,8 @@ nothing soon after, not decode `hangup_max_tokens` for no one)."""
                    "sustained_peak_growth": [round(phases[b]["rss_peak_mb"] - phases[a]["rss_peak_mb"], 1)
                                              for a, b in zip(sustained, sustained[1:])]},
         "engines_after": leftover,
+        # a run whose draft links are down serves target-only and would look fine: say so
+        "draft_links": {"before": links_before, "after": links_after},
     }
 
 
@@ -399,6 +403,19 @@ def _ms(value: float | None) -> float | None:
 
 
 _HELD = ("vllm:num_requests_running", "vllm:num_requests_waiting", "dspark_draft_contexts")
+
+
+def _draft_links(base_url: str, headers: dict[str, str]) -> dict | None:
+    """Serve pools of the first arm (what `/v1/dspark/stats` reports): verify replicas, and how many of them
+    have no working draft link. None where there are no Serve pools to ask."""
+    try:
+        resp = httpx.get(f"{base_url}/v1/dspark/stats", headers=headers, timeout=30)
+        verify = ((resp.json().get("scheduler") or {}).get("replicas") or {}).get("verify") if resp.is_success else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    if not verify:
+        return None
+    return {"verify_replicas": len(verify), "broken": sum(1 for v in verify.values() if v.get("draft_broken"))}
 
 
 def _engine_leftovers(base_url: str, headers: dict[str, str], timeout_s: float = 45.0) -> dict:
