@@ -125,7 +125,6 @@ class GlooChannel:
         self.num_messages_received = 0
 
     def send(self, message: Any) -> None:
-        self._reap_sends()
         skeleton, tensors = pack(message)
         blob = torch.frombuffer(bytearray(pickle.dumps(skeleton)), dtype=torch.uint8)
         header = torch.tensor([blob.numel(), len(tensors), self.num_messages_received], dtype=torch.int64)
@@ -156,14 +155,14 @@ class GlooChannel:
     def num_pending_sends(self) -> int:
         return len(self._pending_sends)
 
-    def _reap_sends(self, peer_received: int = 0) -> None:
-        """Drop finished sends: those of the messages the peer says it has received (waiting for them
-        returns at once) and any gloo reports done; newer ones may still wait for the peer's receive."""
+    def _reap_sends(self, peer_received: int) -> None:
+        """Drop the sends of the messages the peer says it has received (waiting for them returns at
+        once); newer ones may still wait for the peer's receive."""
         keep = []
         for index, work, buffers in self._pending_sends:
             if index < peer_received:
                 work.wait()
-            elif not work.is_completed():
+            else:
                 keep.append((index, work, buffers))
         self._pending_sends = keep
 
