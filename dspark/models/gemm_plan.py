@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
 
-KERNELS = ("linear", "wx", "packed", "mv")  # timed candidates; "rowwise" is the row-invariant fallback
+KERNELS = ("linear", "wx", "packed", "mv", "native")  # timed candidates; "rowwise": the row-invariant fallback
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
@@ -116,7 +116,10 @@ class PlannedLinear:
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
         if kernel == "rowwise":  # each row exactly as alone: the row-invariant fallback
             return torch.cat([F.linear(x[i:i + 1], self.weight, self.bias) for i in range(x.shape[0])])
-        if kernel == "mv" and x.shape[0] == 1:
+        if kernel == "native":
+            from dspark.models import native  # compiled on first use
+            out = native.linear(x, self.weight)
+        elif kernel == "mv" and x.shape[0] == 1:
             out = torch.mv(self.weight, x[0])[None]
         elif kernel == "wx":
             out = _wx(x, self.weight)
@@ -191,6 +194,12 @@ def _is_row_invariant(linears: list[PlannedLinear], rows: int, kernel: str) -> b
     return True
 
 
+def available_kernels(can_pack: bool) -> list[str]:
+    from dspark.models import native
+
+    return [k for k in KERNELS if (k != "packed" or can_pack) and (k != "native" or native.is_available())]
+
+
 def measure_plan(layers: list[PlannedLinear], head: PlannedLinear, num_repeats: int = 3,
                  row_invariant: bool = True) -> GemmPlan:
     """Time every candidate kernel per row bucket; keep the fastest for the layers and for the head
@@ -198,7 +207,7 @@ def measure_plan(layers: list[PlannedLinear], head: PlannedLinear, num_repeats: 
     `_is_row_invariant`: what verification needs; bulk generation, which is compared with nothing,
     may take any)."""
     can_pack = all(lin.pack() for lin in layers + [head])
-    candidates = [k for k in KERNELS if k != "packed" or can_pack]
+    candidates = available_kernels(can_pack)
     is_low_precision = row_invariant and head.weight.dtype in (torch.bfloat16, torch.float16)
     timings: dict[str, dict[int, dict[str, float]]] = {"layers": {}, "head": {}}
     choice: dict[str, dict[int, str]] = {"layers": {}, "head": {}}
@@ -229,7 +238,7 @@ def plan_key(layers: list[PlannedLinear], head: PlannedLinear, row_invariant: bo
     shapes = sorted({tuple(lin.weight.shape) for lin in layers}) + [tuple(head.weight.shape)]
     ident = {"cpu": cpu_signature(), "torch": torch.__version__, "threads": torch.get_num_threads(),
              "dtype": str(head.weight.dtype), "shapes": shapes, "num_layers": len(layers),
-             "row_invariant": row_invariant}
+             "row_invariant": row_invariant, "kernels": KERNELS}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 

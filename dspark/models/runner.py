@@ -18,8 +18,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from dspark.models import native
 from dspark.models.gemm_plan import GemmPlan, PlannedLinear, plan_for
 from dspark.models.kv_cache import KVCachePool
+from dspark.models.native import FusedDecoder
+from dspark.models.native_forward import forward_fused, forward_native_attention
 from dspark.models.target import cache_dir
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
@@ -97,6 +100,13 @@ class TargetRunner:
         self.row_invariant = row_invariant
         self.cache = KVCachePool(self.num_layers, self.num_kv_heads, self.head_dim, max_num_seqs,
                                  max_model_len, self.dtype, self.device)
+        # few-token fp32 steps: the whole decoder stack in native code where the plan measured the native
+        # GEMM fastest at that row count (PyTorch's small ops cost as much as the math there)
+        self.fused = (FusedDecoder(self.layers, self.num_heads, self.num_kv_heads, self.head_dim, self.eps,
+                                   self.scale) if "native" in gemm_plan.layer_kernels.values()
+                      and FusedDecoder.supports(self.layers) else None)
+        # fp32 attention in native code at any batch: the CPU SDPA kernel was ~1/3 of a large-batch step
+        self.native_attention = self.dtype == torch.float32 and self.device.type == "cpu" and native.is_available()
 
     @contextlib.contextmanager
     def scratch_cache(self, num_seqs: int, max_len: int) -> Iterator[KVCachePool]:
@@ -141,6 +151,10 @@ class TargetRunner:
             raise ValueError(f"sequence of {num_keys} tokens exceeds max_model_len={self.cache.max_model_len}")
         # Attention reads keys up to a multiple of KEY_BLOCK (the rest masked): a token's logits then do
         # not depend on the step's shape (bf16 greedy speculation equals bf16 target-only decoding).
+        if self.fused is not None and self.gemm_plan.kernel(sum(len(c.token_ids) for c in chunks)) == "native":
+            return forward_fused(self, chunks, hidden_layers)
+        if self.native_attention:
+            return forward_native_attention(self, chunks, hidden_layers)
         block = KEY_BLOCK if self.row_invariant and self.dtype in (torch.bfloat16, torch.float16) else 1
         num_keys = min(-(-num_keys // block) * block, self.cache.max_model_len)
         row_end = [0] * num_rows
@@ -225,7 +239,6 @@ class TargetRunner:
         head_kernel = self.gemm_plan.kernel(rows.shape[0], is_head=True)
         logits = self.lm_head(F.rms_norm(rows, (rows.shape[-1],), self.final_norm, self.eps), head_kernel)
         return ForwardOutput(logits=logits, hidden_states=hidden)
-
 
     def _attention_groups(self, row_end: list[int], block: int) -> list[tuple[int, int, int]]:
         """(first row, end row, keys to read) per attention call.
