@@ -1,0 +1,94 @@
+"""The native CPU kernels (compiled here with the system C compiler) compute what PyTorch computes, and the
+runner's native forwards match the HF module: the fused few-token path and the native-attention path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dspark.models import native
+from dspark.models.gemm_plan import GemmPlan
+from dspark.models.runner import SeqChunk, TargetRunner
+from dspark.models.target import TargetModel
+
+pytestmark = pytest.mark.skipif(not native.is_available(), reason="no C compiler on this machine")
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 17])
+def test_native_gemm_matches_linear_and_its_rows_do_not_depend_on_the_row_count(rows: int) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    w = torch.randn(70, 45, generator=gen)
+    x = torch.randn(rows, 45, generator=gen)
+    got = native.linear(x, w)
+    torch.testing.assert_close(got, F.linear(x, w), atol=1e-5, rtol=1e-5)
+    alone = torch.cat([native.linear(x[i:i + 1], w) for i in range(rows)])
+    assert torch.equal(got, alone)  # the same reduction order whatever else the step carries
+
+
+def test_native_gemm_with_bf16_weights_accumulates_in_fp32() -> None:
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 96, generator=gen).to(torch.bfloat16)
+    x = torch.randn(6, 96, generator=gen)
+    torch.testing.assert_close(native.linear(x, w), F.linear(x, w.float()), atol=1e-4, rtol=1e-4)
+
+
+def test_native_attention_is_causal_per_slot_and_matches_sdpa() -> None:
+    gen = torch.Generator().manual_seed(1)
+    num_heads, num_kv, hd, max_len = 6, 2, 16, 40
+    k_cache = torch.randn(3, max_len, num_kv, hd, generator=gen)
+    v_cache = torch.randn(3, max_len, num_kv, hd, generator=gen)
+    slots, positions = [2, 0, 0, 1], [7, 30, 31, 0]  # two tokens of one slot: the first must not see the second
+    qk = torch.randn(4, num_heads + num_kv, hd, generator=gen)
+    key_row = torch.tensor(slots) * max_len
+    num_keys = torch.tensor(positions) + 1
+    out = native.attention(qk, num_heads, k_cache, v_cache, key_row, num_keys, 32, hd ** -0.5)
+    for t, (s, p) in enumerate(zip(slots, positions)):
+        q = qk[t, :num_heads][:, None, :]  # (H, 1, hd)
+        k = k_cache[s, :p + 1].transpose(0, 1).repeat_interleave(num_heads // num_kv, 0)  # (H, p+1, hd)
+        v = v_cache[s, :p + 1].transpose(0, 1).repeat_interleave(num_heads // num_kv, 0)
+        ref = F.scaled_dot_product_attention(q, k, v).reshape(-1)
+        torch.testing.assert_close(out[t], ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("path", ["fused", "native_attention"])
+def test_native_forwards_match_hf_logits_and_hidden_states(tiny_target: TargetModel, path: str) -> None:
+    model = tiny_target.model
+    plan = GemmPlan.fixed("native" if path == "fused" else "linear")
+    runner = TargetRunner(model, max_num_seqs=3, max_model_len=64, gemm_plan=plan)
+    assert (runner.fused is not None) == (path == "fused") and runner.native_attention
+    gen = torch.Generator().manual_seed(0)
+    seqs = [torch.randint(4, runner.vocab_size, (n,), generator=gen) for n in (20, 9, 14)]
+    slots = [runner.cache.allocate() for _ in seqs]
+    cut = [17, 8, 3]
+    runner.forward([SeqChunk(s, 0, q[:c].tolist(), 1) for s, q, c in zip(slots, seqs, cut)])
+    # verify-like chunks in non-slot order, with hidden states for a drafter's tapped layers
+    order = [2, 0, 1]
+    out = runner.forward([SeqChunk(slots[i], cut[i], seqs[i][cut[i]:].tolist(), len(seqs[i]) - cut[i])
+                          for i in order], hidden_layers=(0, 1, runner.num_layers))
+    with torch.no_grad():
+        ref = [model(q[None], output_hidden_states=True) for q in seqs]
+    got = torch.split(out.logits, [len(seqs[i]) - cut[i] for i in order])
+    start = 0
+    for g, i in zip(got, order):
+        torch.testing.assert_close(g, ref[i].logits[0, cut[i]:], atol=1e-5, rtol=1e-5)
+        n = len(seqs[i]) - cut[i]
+        for layer in (0, 1):  # the last one HF returns after the final norm
+            torch.testing.assert_close(out.hidden_states[layer][start:start + n],
+                                       ref[i].hidden_states[layer][0, cut[i]:], atol=1e-5, rtol=1e-5)
+        start += n
+
+
+def test_fused_decoding_is_greedy_identical_to_hf_generate(tiny_target: TargetModel) -> None:
+    model = tiny_target.model
+    runner = TargetRunner(model, max_num_seqs=1, max_model_len=64, gemm_plan=GemmPlan.fixed("native"))
+    prompt = [5, 17, 9, 33, 2, 41]
+    slot = runner.cache.allocate()
+    logits = runner.forward([SeqChunk(slot, 0, prompt, 1)]).logits
+    tokens = []
+    for step in range(24):
+        tokens.append(int(logits[-1].argmax()))
+        logits = runner.forward([SeqChunk(slot, len(prompt) + step, tokens[-1:], 1)]).logits
+    with torch.no_grad():
+        ref = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, min_new_tokens=24)
+    assert tokens == ref[0, len(prompt):].tolist()
