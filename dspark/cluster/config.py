@@ -89,6 +89,9 @@ class ServeAppConfig(BaseModel):
     num_draft_tokens: int = Field(7, ge=0, description="γ: most tokens drafted per request and step.")
     draft_gate: bool = Field(True, description="Skip drafting at batch sizes where it measurably costs more "
                                                "than it returns (load-aware schedulers only).")
+    prefix_cache_mb: int = Field(512, ge=0, description="Automatic prefix caching, per engine: MiB of prompt-block "
+                                 "K/V kept so a prompt that starts like an earlier one (system turn, repeated or "
+                                 "multi-turn prompt) computes only its new part. 0 turns it off.")
     merge_stream_outputs: bool = Field(False, description="A stream that fell behind the engine gets the steps "
                                        "it missed as one output (one message downstream, not one per step).")
     sps_profile: str | None = Field(
@@ -236,7 +239,8 @@ class ServeAppConfig(BaseModel):
                             num_draft_tokens=self.num_draft_tokens, sps_profile=self.sps_profile,
                             max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
                             num_threads=num_threads, draft_gate=self.draft_gate,
-                            max_step_stats=SERVER_STEP_STATS, merge_stream_outputs=self.merge_stream_outputs)
+                            max_step_stats=SERVER_STEP_STATS, merge_stream_outputs=self.merge_stream_outputs,
+                            prefix_cache_mb=self.prefix_cache_mb)
 
     def worker_engine_config(self) -> EngineConfig:
         """A VerifyWorker's engine; `central` runs Algorithm 1 locally until the first K arrives."""

@@ -31,6 +31,8 @@ from dspark.spec.sps import SPSTable
 from dspark.spec.survival import AcceptanceTracker, prefix_survival
 from dspark.spec.verification import verify
 from dspark.verify_service.batch import build_verify_input
+from dspark.verify_service.prefix_cache import BLOCK as PREFIX_BLOCK
+from dspark.verify_service.prefix_cache import PrefixCache
 from dspark.verify_service.profiles import profile_for, recorded_dtype_choice
 from dspark.verify_service.request import (
     FinishReason,
@@ -69,6 +71,8 @@ class EngineConfig:
     max_step_stats: int | None = None
     # a streaming caller that fell behind gets the steps it missed as one output (AsyncEngine)
     merge_stream_outputs: bool = False  # measured: no gain over HTTP here (docs/results/engine)
+    # prompt-prefix K/V kept for reuse (prefix_cache.py), MiB; 0 turns automatic prefix caching off
+    prefix_cache_mb: int = 512
 
 
 def resolve_dtype(config: EngineConfig) -> str | None:
@@ -155,6 +159,7 @@ class Engine:
         self.gate = DraftGate() if config.draft_gate and self.sps is not None else None
         self._last_round: tuple[float, float] | None = None  # perf_counter start and end of the last round
         self._prefill_ms = 0.0  # admission (prefill) time since the last round, kept out of the gate's O
+        self.prefix_cache = PrefixCache(config.prefix_cache_mb * 2**20) if config.prefix_cache_mb > 0 else None
         self.waiting: list[Request] = []
         self.running: list[Request] = []  # index i holds the request in cache slot i
         self.stats: list[StepStats] = []
@@ -246,10 +251,21 @@ class Engine:
         for req in new:
             req.slot = self.runner.cache.allocate()
             self.running.append(req)
+        # prompt blocks seen before come from the prefix cache; only the rest is computed
+        hits = [self.prefix_cache.match(r.prompt_ids) if self.prefix_cache is not None else [] for r in new]
+        start = {r.request_id: len(h) * PREFIX_BLOCK for r, h in zip(new, hits)}
+        cached_feats = {r.request_id: PrefixCache.load(h, self.runner.cache, r.slot) for r, h in zip(new, hits)}
         first: list[int] = []
-        for group in _prefill_groups(new):
-            out = self.runner.forward([SeqChunk(r.slot, 0, r.prompt_ids, 1) for r in group], self.hidden_layers)
-            self._feed_drafter(group, [len(r.prompt_ids) for r in group], [len(r.prompt_ids) for r in group], out)
+        for group in _prefill_groups(new, [len(r.prompt_ids) - start[r.request_id] for r in new]):
+            out = self.runner.forward([SeqChunk(r.slot, start[r.request_id], r.prompt_ids[start[r.request_id]:], 1)
+                                       for r in group], self.hidden_layers)
+            feats = self._prompt_features(group, [start[r.request_id] for r in group],
+                                          [cached_feats[r.request_id] for r in group], out)
+            for req, f in zip(group, feats):
+                if self.drafter is not None and f is not None:
+                    self.drafter.observe(req.request_id, f)  # type: ignore[attr-defined]
+                if self.prefix_cache is not None:
+                    self.prefix_cache.store(req.prompt_ids, self.runner.cache, req.slot, f)
             tokens = self._sample_plain(group, out.logits)
             self._note_logprobs(group, out.logits, [[i] for i in range(len(group))], [[t] for t in tokens])
             first += tokens
@@ -346,6 +362,21 @@ class Engine:
             return sample_nucleus(logits, [r.params.temperature for r in reqs], [r.params.top_p for r in reqs],
                                   [r.generator for r in reqs])
         return verify(build_verify_input(logits, reqs, [[] for _ in reqs], None, [0] * len(reqs))).next_token
+
+    def _prompt_features(self, reqs: list[Request], starts: list[int], cached: list[torch.Tensor | None],
+                         out: ForwardOutput) -> list[torch.Tensor | None]:
+        """Each prompt's drafter features (len(prompt), F): the prefix cache's, then the computed ones."""
+        if not self.hidden_layers or self.drafter is None:
+            return [None] * len(reqs)
+        feats = torch.cat([out.hidden_states[i] for i in self.hidden_layers], dim=-1)  # (T, taps*D)
+        result: list[torch.Tensor | None] = []
+        offset = 0
+        for req, start, pre in zip(reqs, starts, cached):
+            n = len(req.prompt_ids) - start
+            mine = feats[offset:offset + n]
+            result.append(mine if pre is None else torch.cat([pre, mine]))
+            offset += n
+        return result
 
     def _feed_drafter(self, reqs: list[Request], chunk_lens: list[int], num_kept: list[int],
                       out: ForwardOutput) -> None:

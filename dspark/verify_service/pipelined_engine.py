@@ -64,6 +64,8 @@ class PipelinedEngine(Engine):
             raise RuntimeError("cannot swap the drafter while requests are running")
         self.drafter = drafter
         self.hidden_layers = tuple(getattr(drafter, "hidden_layers", ()))
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()  # its blocks hold the old drafter's features
         self._in_flight.clear()
         self._rounds = self._make_rounds()
 
