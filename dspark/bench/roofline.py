@@ -18,7 +18,7 @@ from collections import defaultdict
 
 import torch
 
-from dspark.models.gemm_plan import KERNELS, GemmPlan, PlannedLinear, cpu_signature, median_ms
+from dspark.models.gemm_plan import GemmPlan, PlannedLinear, available_kernels, cpu_signature, median_ms
 from dspark.models.runner import SeqChunk, TargetRunner
 from dspark.models.target import load_target
 
@@ -57,8 +57,8 @@ def gemm_roofline(runner: TargetRunner, rows_grid: tuple[int, ...] = GEMM_ROWS, 
             xs = {lin.weight.shape[1]: lin.weight.new_ones(rows, lin.weight.shape[1]) * 0.01
                   for lin in layers + [head]}
             per_kernel = {}
-            for kernel in KERNELS:
-                if (kernel == "packed" and not can_pack) or (kernel == "mv" and rows != 1):
+            for kernel in available_kernels(can_pack, head.weight):
+                if kernel == "mv" and rows != 1:
                     continue
                 ms = median_ms(lambda k=kernel, xs=xs: [lin(xs[lin.weight.shape[1]], k) for lin in layers + [head]],
                                 num_repeats)

@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 KERNELS = ("linear", "wx", "packed", "mv", "native")  # timed candidates; "rowwise": the row-invariant fallback
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# the native kernel is kept for the layers if within this factor of the fastest: at those row counts the
+# runner's fused path (native.py) then also saves the ~2 ms of small PyTorch ops a step around the GEMMs
+NATIVE_PREFERENCE = 1.1
 
 
 def cpu_signature() -> dict:
@@ -97,6 +100,15 @@ class PlannedLinear:
         self.weight = weight.detach().contiguous()
         self.bias = bias.detach() if bias is not None else None
         self.packed: torch.Tensor | None = None
+        self.native_packed: torch.Tensor | None = None
+
+    def native_weight(self) -> torch.Tensor:
+        """The weight in the native kernels' layout (packed on first use)."""
+        if self.native_packed is None:
+            from dspark.models import native  # compiled on first use
+
+            self.native_packed = native.pack(self.weight)
+        return self.native_packed
 
     def pack(self) -> bool:
         """Prepack for oneDNN (CPU only). False where this build or dtype cannot."""
@@ -117,8 +129,9 @@ class PlannedLinear:
         if kernel == "rowwise":  # each row exactly as alone: the row-invariant fallback
             return torch.cat([F.linear(x[i:i + 1], self.weight, self.bias) for i in range(x.shape[0])])
         if kernel == "native":
-            from dspark.models import native  # compiled on first use
-            out = native.linear(x, self.weight)
+            from dspark.models import native
+
+            out = native.linear(x, self.native_weight(), self.weight.shape[0])
         elif kernel == "mv" and x.shape[0] == 1:
             out = torch.mv(self.weight, x[0])[None]
         elif kernel == "wx":
@@ -194,10 +207,21 @@ def _is_row_invariant(linears: list[PlannedLinear], rows: int, kernel: str) -> b
     return True
 
 
-def available_kernels(can_pack: bool) -> list[str]:
+def available_kernels(can_pack: bool, weight: torch.Tensor) -> list[str]:
+    """The candidates for weights like `weight` (native: fp32 on a CPU with a C compiler)."""
     from dspark.models import native
 
-    return [k for k in KERNELS if (k != "packed" or can_pack) and (k != "native" or native.is_available())]
+    return [k for k in KERNELS if (k != "packed" or can_pack) and (k != "native" or native.supports(weight))]
+
+
+def _drop_unused_copies(plan: GemmPlan, linears: list[PlannedLinear]) -> None:
+    """A kernel's weight copy (oneDNN's, the native layout) is kept only where the plan uses that kernel."""
+    used = set(plan.layer_kernels.values()) | set(plan.head_kernels.values())
+    for lin in linears:
+        if "packed" not in used:
+            lin.packed = None
+        if "native" not in used:
+            lin.native_packed = None
 
 
 def measure_plan(layers: list[PlannedLinear], head: PlannedLinear, num_repeats: int = 3,
@@ -207,7 +231,7 @@ def measure_plan(layers: list[PlannedLinear], head: PlannedLinear, num_repeats: 
     `_is_row_invariant`: what verification needs; bulk generation, which is compared with nothing,
     may take any)."""
     can_pack = all(lin.pack() for lin in layers + [head])
-    candidates = available_kernels(can_pack)
+    candidates = available_kernels(can_pack, head.weight)
     is_low_precision = row_invariant and head.weight.dtype in (torch.bfloat16, torch.float16)
     timings: dict[str, dict[int, dict[str, float]]] = {"layers": {}, "head": {}}
     choice: dict[str, dict[int, str]] = {"layers": {}, "head": {}}
@@ -226,12 +250,14 @@ def measure_plan(layers: list[PlannedLinear], head: PlannedLinear, num_repeats: 
                         kernels = ["rowwise"]
                 times = {k: _time_kernel(linears, rows, k, num_repeats) for k in kernels}
                 timings[group][rows] = {k: round(v, 3) for k, v in times.items()}
-                choice[group][rows] = min(times, key=times.__getitem__)
-    if "packed" not in set(choice["layers"].values()) | set(choice["head"].values()):
-        for lin in layers + [head]:
-            lin.packed = None  # not chosen anywhere: do not keep a second copy of every weight
-    return GemmPlan(choice["layers"], choice["head"], {"timings_ms": timings, "row_variant": rejected,
+                best = min(times, key=times.__getitem__)
+                if group == "layers" and times.get("native", float("inf")) <= NATIVE_PREFERENCE * times[best]:
+                    best = "native"  # its fused few-token path also drops the small ops around the GEMMs
+                choice[group][rows] = best
+    plan = GemmPlan(choice["layers"], choice["head"], {"timings_ms": timings, "row_variant": rejected,
                                                        "row_invariant_fallback": fallback})
+    _drop_unused_copies(plan, layers + [head])
+    return plan
 
 
 def plan_key(layers: list[PlannedLinear], head: PlannedLinear, row_invariant: bool) -> str:

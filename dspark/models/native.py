@@ -64,10 +64,10 @@ def library() -> ctypes.CDLL | None:
         tmp.replace(out)
     lib = ctypes.CDLL(str(out))
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    for name in ("gemm_f32", "gemm_bf16w"):
-        fn = getattr(lib, name)
-        fn.argtypes = [ptr, ptr, ptr, i64, i64, i64]
-        fn.restype = None
+    lib.gemm_blocked_f32.argtypes = [ptr, ptr, ptr, i64, i64, i64]
+    lib.gemm_blocked_f32.restype = None
+    lib.native_tile_outputs.argtypes = []
+    lib.native_tile_outputs.restype = i64
     lib.decoder_layer_f32.argtypes = [i64] + [ptr] * 15 + [i64] * 5 + [ctypes.c_float] * 2 + [i64]
     lib.decoder_layer_f32.restype = None
     lib.attention_f32.argtypes = [i64, ptr, i64] + [ptr] * 6 + [i64] * 3 + [ctypes.c_float, i64]
@@ -80,23 +80,29 @@ def is_available() -> bool:
 
 
 def supports(weight: torch.Tensor) -> bool:
-    return weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16) and is_available()
+    return weight.device.type == "cpu" and weight.dtype == torch.float32 and is_available()
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x (T, in) @ weight (out, in)ᵀ with the native kernel; fp32 or bf16 weights, output in x's dtype.
-
-    bf16 weights multiply fp32 activations with fp32 accumulation (the result is rounded to bf16 if x is)."""
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """(out, in) fp32 -> the kernels' layout: (out_pad / 16, in, 16), out padded with zeros to whole tiles."""
     lib = library()
     if lib is None:
         raise RuntimeError("native kernels are not available on this machine")
-    rows, size_in = x.shape
-    size_out = weight.shape[0]
-    xf = x.contiguous() if x.dtype == torch.float32 else x.float().contiguous()
-    y = torch.empty(rows, size_out, dtype=torch.float32)
-    fn = lib.gemm_f32 if weight.dtype == torch.float32 else lib.gemm_bf16w
-    fn(xf.data_ptr(), weight.data_ptr(), y.data_ptr(), rows, size_in, size_out)
-    return y if x.dtype == torch.float32 else y.to(x.dtype)
+    size_out, size_in = weight.shape
+    pad = -size_out % lib.native_tile_outputs()
+    w = torch.cat([weight, weight.new_zeros(pad, size_in)]) if pad else weight
+    return w.view(-1, 16, size_in).transpose(1, 2).contiguous()
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, size_out: int) -> torch.Tensor:
+    """x (T, in) fp32 @ weightᵀ -> (T, size_out), with `packed` = pack(weight)."""
+    lib = library()
+    if lib is None:
+        raise RuntimeError("native kernels are not available on this machine")
+    x = x.contiguous()
+    y = torch.empty(x.shape[0], size_out, dtype=torch.float32)
+    lib.gemm_blocked_f32(x.data_ptr(), packed.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], size_out)
+    return y
 
 
 def attention(qk: torch.Tensor, num_heads: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -130,9 +136,9 @@ class FusedDecoder:
             raise RuntimeError("native kernels are not available on this machine")
         self._fn = lib.decoder_layer_f32
         self.layers = layers  # keeps the weights alive while their addresses are held below
-        self._ptrs = [(ly.in_norm.data_ptr(), ly.qkv.weight.data_ptr(), ly.o.weight.data_ptr(),
-                       ly.post_norm.data_ptr(), ly.gate_up.weight.data_ptr(), ly.down.weight.data_ptr())
-                      for ly in layers]
+        self._ptrs = [(ly.in_norm.data_ptr(), ly.qkv.native_weight().data_ptr(), ly.o.native_weight().data_ptr(),
+                       ly.post_norm.data_ptr(), ly.gate_up.native_weight().data_ptr(),
+                       ly.down.native_weight().data_ptr()) for ly in layers]
         self.d = layers[0].in_norm.shape[0]
         self.inter = layers[0].down.weight.shape[1]
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
