@@ -5,9 +5,10 @@
   verifier (softmax of every (R, V) row, a full sort for top-p, V exponentials per request);
 - after: the generation path: 256 continuously refilled sequences, the dtype measured fastest for
   generation, the kernels measured per row count, and plain steps sampled by `spec/nucleus.py`.
-Both generate responses to the same prompts at T = 0.7, top-p 0.9. The "before" arm keeps this
-session's attention and KV-cache changes (they cannot be switched off), so the ratio understates the
-gain over the old code. A chi-square check on real target logits compares the two samplers' laws.
+Both generate responses to the same prompts at T = 0.7, top-p 0.9. The "before" arm runs PyTorch ops
+only (no native kernels, no prefix cache) but keeps the attention and KV-cache changes of the session
+that built this path (they cannot be switched off), so the ratio understates the gain over the old code.
+A chi-square check on real target logits compares the two samplers' laws.
 """
 
 from __future__ import annotations
@@ -57,9 +58,10 @@ def run_generate_bench(target_name: str, num_prompts_before: int = 64, num_promp
                        max_tokens: int = 128) -> dict:
     base = dict(target=target_name, drafter="none", scheduler="fixed", draft_gate=False, num_draft_tokens=0)
     before_engine = VerifierSampledEngine(
-        EngineConfig(**base, dtype="fp32", max_num_seqs=32, max_model_len=1024),
+        EngineConfig(**base, dtype="fp32", max_num_seqs=32, max_model_len=1024, prefix_cache_mb=0),
         target=load_target(target_name, "cpu", "fp32"))
     before_engine.runner.gemm_plan = GemmPlan.fixed("wx")
+    before_engine.runner.fused, before_engine.runner.native_attention = None, False  # PyTorch ops only
     prompts = _prompts(before_engine.tokenizer, max(num_prompts_before, num_prompts_after))
     after_cfg = EngineConfig(**base, dtype="auto", dtype_role="generate", max_num_seqs=256, max_model_len=512)
     after_engine = Engine(after_cfg, target=load_target(target_name, "cpu", resolve_dtype(after_cfg)))

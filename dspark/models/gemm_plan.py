@@ -96,7 +96,8 @@ class GemmPlan:
 class PlannedLinear:
     """One weight (out, in), optionally also prepacked for oneDNN, applied with a chosen kernel."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, name: str = "gemm") -> None:
+        self.name = name  # the native kernel's profiler label
         self.weight = weight.detach().contiguous()
         self.bias = bias.detach() if bias is not None else None
         self.packed: torch.Tensor | None = None
@@ -131,7 +132,7 @@ class PlannedLinear:
         if kernel == "native":
             from dspark.models import native
 
-            out = native.linear(x, self.native_weight(), self.weight.shape[0])
+            out = native.linear(x, self.native_weight(), self.weight.shape[0], self.name)
         elif kernel == "mv" and x.shape[0] == 1:
             out = torch.mv(self.weight, x[0])[None]
         elif kernel == "wx":

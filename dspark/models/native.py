@@ -13,6 +13,7 @@ Without a compiler the kernels are simply not candidates.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -31,6 +32,11 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native_kernels.c")
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-funroll-loops", "-shared", "-fPIC", "-std=c11")
+
+
+def traced(name: str) -> contextlib.AbstractContextManager:
+    """A profiler range around a native call (which PyTorch's profiler cannot see), only while profiling."""
+    return torch.profiler.record_function(name) if torch._C._autograd._profiler_enabled() else contextlib.nullcontext()
 
 
 def _compiler() -> str | None:
@@ -94,14 +100,15 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return w.view(-1, 16, size_in).transpose(1, 2).contiguous()
 
 
-def linear(x: torch.Tensor, packed: torch.Tensor, size_out: int) -> torch.Tensor:
+def linear(x: torch.Tensor, packed: torch.Tensor, size_out: int, name: str = "gemm") -> torch.Tensor:
     """x (T, in) fp32 @ weightᵀ -> (T, size_out), with `packed` = pack(weight)."""
     lib = library()
     if lib is None:
         raise RuntimeError("native kernels are not available on this machine")
     x = x.contiguous()
     y = torch.empty(x.shape[0], size_out, dtype=torch.float32)
-    lib.gemm_blocked_f32(x.data_ptr(), packed.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], size_out)
+    with traced(f"native::{name}"):
+        lib.gemm_blocked_f32(x.data_ptr(), packed.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], size_out)
     return y
 
 
@@ -117,9 +124,10 @@ def attention(qk: torch.Tensor, num_heads: int, k_cache: torch.Tensor, v_cache: 
     num_tokens, heads, head_dim = qk.shape
     out = torch.empty(num_tokens, num_heads * head_dim, dtype=torch.float32)
     probs = torch.empty(num_tokens * num_heads * max_keys, dtype=torch.float32)
-    lib.attention_f32(num_tokens, qk.data_ptr(), heads * head_dim, k_cache.data_ptr(), v_cache.data_ptr(),
-                      key_row.data_ptr(), num_keys.data_ptr(), out.data_ptr(), probs.data_ptr(), num_heads,
-                      k_cache.shape[2], head_dim, scale, max_keys)
+    with traced("native::attention"):
+        lib.attention_f32(num_tokens, qk.data_ptr(), heads * head_dim, k_cache.data_ptr(), v_cache.data_ptr(),
+                          key_row.data_ptr(), num_keys.data_ptr(), out.data_ptr(), probs.data_ptr(), num_heads,
+                          k_cache.shape[2], head_dim, scale, max_keys)
     return out
 
 
@@ -161,7 +169,8 @@ class FusedDecoder:
               cache_row: torch.Tensor, key_row: torch.Tensor, num_keys: torch.Tensor, cos: torch.Tensor,
               sin: torch.Tensor, max_keys: int) -> None:
         """Layer i in place on x (T, d); the int64 index tensors and cos/sin (T, head_dim) contiguous."""
-        self._fn(x.shape[0], x.data_ptr(), scratch.data_ptr(), *self._ptrs[i], k_cache.data_ptr(),
-                 v_cache.data_ptr(), cache_row.data_ptr(), key_row.data_ptr(), num_keys.data_ptr(),
-                 cos.data_ptr(), sin.data_ptr(), self.d, self.num_heads, self.num_kv_heads, self.head_dim,
-                 self.inter, self.eps, self.scale, max_keys)
+        with traced("native::decoder_layer"):
+            self._fn(x.shape[0], x.data_ptr(), scratch.data_ptr(), *self._ptrs[i], k_cache.data_ptr(),
+                     v_cache.data_ptr(), cache_row.data_ptr(), key_row.data_ptr(), num_keys.data_ptr(),
+                     cos.data_ptr(), sin.data_ptr(), self.d, self.num_heads, self.num_kv_heads, self.head_dim,
+                     self.inter, self.eps, self.scale, max_keys)

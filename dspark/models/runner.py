@@ -90,7 +90,7 @@ class TargetRunner:
         base = model.model
         self.embed = base.embed_tokens.weight
         self.final_norm = base.norm.weight
-        self.lm_head = PlannedLinear(model.lm_head.weight)
+        self.lm_head = PlannedLinear(model.lm_head.weight, name="lm_head")
         self.rotary = base.rotary_emb
         self.layers = [self._fuse(layer) for layer in base.layers]
         linears = [lin for ly in self.layers for lin in (ly.qkv, ly.o, ly.gate_up, ly.down)]
