@@ -6,7 +6,9 @@
 # 1. vLLM with the same two cores as dspark (DSPARK_VLLM_THREADS_BIND=0-1) and the dtype `dtype: auto`
 #    picks for our verify engine on this machine; our arms no-spec, colocated, decoupled interleaved with it.
 # 2. vLLM's own default (fp32, its thread binding: one compute core on a 2-core machine), peer only.
-# Same prompts, output length and levels in both; JSON and plots under OUT_DIR. Needs
+# Same prompts, output length and levels in both; JSON and plots under OUT_DIR. Our arms' slot KV caches
+# hold 1024 positions (prompts here are under ~600 tokens): three engines of 2048 × 32 slots next to
+# vLLM's 4 GB KV space went past this 24 GiB machine's memory (Ray's monitor killed a verify replica). Needs
 # `scripts/peer_vllm.sh install` once. Stop any other CPU work first (2 cores: it would distort both).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,7 +44,7 @@ lscpu | grep -E 'Model name|Flags' >"$OUT/cpu.txt"
 # 1. two cores, our dtype, with our three arms interleaved
 start_peer two_cores DSPARK_VLLM_THREADS_BIND=0-1 DSPARK_VLLM_DTYPE="$DTYPE"
 .venv/bin/dspark bench serve --arms no-spec,colocated,decoupled --interleave --concurrency "$LEVELS" \
-  --max-tokens "$TOKENS" --set dtype=auto --set num_threads=2 \
+  --max-tokens "$TOKENS" --set dtype=auto --set num_threads=2 --set max_model_len=1024 \
   --peer-url "http://127.0.0.1:$PORT" --peer-model smollm2-135m-instruct \
   --out "$OUT/bench_serve_vs_vllm_2cores.json" --plot-dir "$OUT/plots_2cores"
 stop_peer

@@ -89,7 +89,7 @@ class ServeAppConfig(BaseModel):
     num_draft_tokens: int = Field(7, ge=0, description="γ: most tokens drafted per request and step.")
     draft_gate: bool = Field(True, description="Skip drafting at batch sizes where it measurably costs more "
                                                "than it returns (load-aware schedulers only).")
-    prefix_cache_mb: int = Field(512, ge=0, description="Automatic prefix caching, per engine: MiB of prompt-block "
+    prefix_cache_mb: int = Field(256, ge=0, description="Automatic prefix caching, per engine: MiB of prompt-block "
                                  "K/V kept so a prompt that starts like an earlier one (system turn, repeated or "
                                  "multi-turn prompt) computes only its new part. 0 turns it off.")
     merge_stream_outputs: bool = Field(False, description="A stream that fell behind the engine gets the steps "

@@ -30,9 +30,10 @@ log = logging.getLogger(__name__)
 
 KERNELS = ("linear", "wx", "packed", "mv", "native")  # timed candidates; "rowwise": the row-invariant fallback
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-# the native kernel is kept for the layers if within this factor of the fastest: at those row counts the
-# runner's fused path (native.py) then also saves the ~2 ms of small PyTorch ops a step around the GEMMs
-NATIVE_PREFERENCE = 1.1
+# the native kernel is kept if within this factor of the fastest: at those row counts the runner's fused
+# path (native.py) also saves the ~2 ms of small PyTorch ops a step around the GEMMs, and a kernel used
+# nowhere drops its weight copy (oneDNN's packed copy of SmolLM2 is 540 MB in fp32, per engine)
+NATIVE_PREFERENCE = 1.15
 
 
 def cpu_signature() -> dict:
@@ -252,8 +253,8 @@ def measure_plan(layers: list[PlannedLinear], head: PlannedLinear, num_repeats: 
                 times = {k: _time_kernel(linears, rows, k, num_repeats) for k in kernels}
                 timings[group][rows] = {k: round(v, 3) for k, v in times.items()}
                 best = min(times, key=times.__getitem__)
-                if group == "layers" and times.get("native", float("inf")) <= NATIVE_PREFERENCE * times[best]:
-                    best = "native"  # its fused few-token path also drops the small ops around the GEMMs
+                if times.get("native", float("inf")) <= NATIVE_PREFERENCE * times[best]:
+                    best = "native"  # see NATIVE_PREFERENCE
                 choice[group][rows] = best
     plan = GemmPlan(choice["layers"], choice["head"], {"timings_ms": timings, "row_variant": rejected,
                                                        "row_invariant_fallback": fallback})

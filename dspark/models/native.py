@@ -70,13 +70,13 @@ def library() -> ctypes.CDLL | None:
         tmp.replace(out)
     lib = ctypes.CDLL(str(out))
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.gemm_blocked_f32.argtypes = [ptr, ptr, ptr, i64, i64, i64]
+    lib.gemm_blocked_f32.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64]
     lib.gemm_blocked_f32.restype = None
     lib.native_tile_outputs.argtypes = []
     lib.native_tile_outputs.restype = i64
-    lib.decoder_layer_f32.argtypes = [i64] + [ptr] * 15 + [i64] * 5 + [ctypes.c_float] * 2 + [i64]
+    lib.decoder_layer_f32.argtypes = [i64] + [ptr] * 15 + [i64] * 5 + [ctypes.c_float] * 2 + [i64, i64]
     lib.decoder_layer_f32.restype = None
-    lib.attention_f32.argtypes = [i64, ptr, i64] + [ptr] * 6 + [i64] * 3 + [ctypes.c_float, i64]
+    lib.attention_f32.argtypes = [i64, ptr, i64] + [ptr] * 6 + [i64] * 3 + [ctypes.c_float, i64, i64]
     lib.attention_f32.restype = None
     return lib
 
@@ -108,7 +108,8 @@ def linear(x: torch.Tensor, packed: torch.Tensor, size_out: int, name: str = "ge
     x = x.contiguous()
     y = torch.empty(x.shape[0], size_out, dtype=torch.float32)
     with traced(f"native::{name}"):
-        lib.gemm_blocked_f32(x.data_ptr(), packed.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], size_out)
+        lib.gemm_blocked_f32(x.data_ptr(), packed.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], size_out,
+                             torch.get_num_threads())
     return y
 
 
@@ -127,7 +128,7 @@ def attention(qk: torch.Tensor, num_heads: int, k_cache: torch.Tensor, v_cache: 
     with traced("native::attention"):
         lib.attention_f32(num_tokens, qk.data_ptr(), heads * head_dim, k_cache.data_ptr(), v_cache.data_ptr(),
                           key_row.data_ptr(), num_keys.data_ptr(), out.data_ptr(), probs.data_ptr(), num_heads,
-                          k_cache.shape[2], head_dim, scale, max_keys)
+                          k_cache.shape[2], head_dim, scale, max_keys, torch.get_num_threads())
     return out
 
 
@@ -173,4 +174,4 @@ class FusedDecoder:
             self._fn(x.shape[0], x.data_ptr(), scratch.data_ptr(), *self._ptrs[i], k_cache.data_ptr(),
                      v_cache.data_ptr(), cache_row.data_ptr(), key_row.data_ptr(), num_keys.data_ptr(),
                      cos.data_ptr(), sin.data_ptr(), self.d, self.num_heads, self.num_kv_heads, self.head_dim,
-                     self.inter, self.eps, self.scale, max_keys)
+                     self.inter, self.eps, self.scale, max_keys, torch.get_num_threads())

@@ -44,9 +44,9 @@ static inline void tile_f32(const float *const xr[4], int64_t in, const float *r
 }
 
 void gemm_blocked_f32(const float *restrict x, const float *restrict wp, float *restrict y, int64_t rows, int64_t in,
-                      int64_t out) {
+                      int64_t out, int64_t nt) {
   int64_t width = 16 * NB, num_tiles = (out + width - 1) / width;
-#pragma omp parallel
+#pragma omp parallel num_threads(nt)
   {
     float tail[4 * 16 * NB];
 #pragma omp for schedule(static)
@@ -75,9 +75,9 @@ void gemm_blocked_f32(const float *restrict x, const float *restrict wp, float *
  * T * num_heads * max_keys floats. out: (T, num_heads * hd). */
 void attention_f32(int64_t T, const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
                    const int64_t *key_row, const int64_t *num_keys, float *out, float *probs, int64_t num_heads,
-                   int64_t num_kv_heads, int64_t hd, float scale, int64_t max_keys) {
+                   int64_t num_kv_heads, int64_t hd, float scale, int64_t max_keys, int64_t nt) {
   int64_t nkv = num_kv_heads * hd, group = num_heads / num_kv_heads;
-#pragma omp parallel for schedule(dynamic, 1) collapse(2)
+#pragma omp parallel for schedule(dynamic, 1) collapse(2) num_threads(nt)
   for (int64_t t = 0; t < T; t++) {
     for (int64_t kvh = 0; kvh < num_kv_heads; kvh++) {
       int64_t n = num_keys[t];
@@ -120,6 +120,8 @@ void attention_f32(int64_t T, const float *q, int64_t q_stride, const float *k_c
 }
 
 /* ---- One Llama decoder layer for a few fp32 tokens, in place on x (the few-token step's fused path). ----
+ * nt: OpenMP threads of every parallel region here, passed per call (torch.get_num_threads()): the calling
+ * thread's own OpenMP default is not torch's (e.g. 1 in a Ray worker's engine thread under OMP_NUM_THREADS=1).
  * Token t sits at cache row cache_row[t] (slot * max_len + position) and attends to the num_keys[t] rows
  * from key_row[t] (its slot's first row): causal by position, since the step's K/V are written first.
  * cos/sin: (T, head_dim) rotary tables; HF's rotate_half convention (pairs i and i + head_dim / 2). */
@@ -151,14 +153,14 @@ void decoder_layer_f32(int64_t T, float *restrict x, float *restrict scratch, co
                        const float *w_down, float *k_cache, float *v_cache, const int64_t *cache_row,
                        const int64_t *key_row, const int64_t *num_keys, const float *cos, const float *sin,
                        int64_t d, int64_t num_heads, int64_t num_kv_heads, int64_t hd, int64_t inter, float eps,
-                       float scale, int64_t max_keys) {
+                       float scale, int64_t max_keys, int64_t nt) {
   int64_t nq = num_heads * hd, nkv = num_kv_heads * hd, nqkv = nq + 2 * nkv;
   /* scratch: h (T, d) | qkv (T, nqkv) | attn (T, nq) | gate_up (T, 2 inter) | act (T, inter) | probs */
   float *h = scratch, *qkv = h + T * d, *attn = qkv + T * nqkv, *gu = attn + T * nq, *act = gu + T * 2 * inter;
   float *probs = act + T * inter; /* (T * num_heads, max_keys) */
 
   rms_norm_rows(x, in_norm, h, T, d, eps);
-  gemm_blocked_f32(h, w_qkv, qkv, T, d, nqkv);
+  gemm_blocked_f32(h, w_qkv, qkv, T, d, nqkv, nt);
   for (int64_t t = 0; t < T; t++) {
     float *row = qkv + t * nqkv;
     for (int64_t hh = 0; hh < num_heads + num_kv_heads; hh++) rotate(row + hh * hd, cos + t * hd, sin + t * hd, hd);
@@ -166,16 +168,16 @@ void decoder_layer_f32(int64_t T, float *restrict x, float *restrict scratch, co
     memcpy(v_cache + cache_row[t] * nkv, row + nq + nkv, (size_t)nkv * sizeof(float));
   }
   attention_f32(T, qkv, nqkv, k_cache, v_cache, key_row, num_keys, attn, probs, num_heads, num_kv_heads, hd, scale,
-                max_keys);
-  gemm_blocked_f32(attn, w_o, h, T, nq, d);
+                max_keys, nt);
+  gemm_blocked_f32(attn, w_o, h, T, nq, d, nt);
   for (int64_t i = 0; i < T * d; i++) x[i] += h[i];
   rms_norm_rows(x, post_norm, h, T, d, eps);
-  gemm_blocked_f32(h, w_gate_up, gu, T, d, 2 * inter);
+  gemm_blocked_f32(h, w_gate_up, gu, T, d, 2 * inter, nt);
   for (int64_t t = 0; t < T; t++) {
     const float *g = gu + t * 2 * inter, *u = g + inter;
     float *a = act + t * inter;
     for (int64_t i = 0; i < inter; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
   }
-  gemm_blocked_f32(act, w_down, h, T, inter, d);
+  gemm_blocked_f32(act, w_down, h, T, inter, d, nt);
   for (int64_t i = 0; i < T * d; i++) x[i] += h[i];
 }

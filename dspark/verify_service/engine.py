@@ -72,7 +72,7 @@ class EngineConfig:
     # a streaming caller that fell behind gets the steps it missed as one output (AsyncEngine)
     merge_stream_outputs: bool = False  # measured: no gain over HTTP here (docs/results/engine)
     # prompt-prefix K/V kept for reuse (prefix_cache.py), MiB; 0 turns automatic prefix caching off
-    prefix_cache_mb: int = 512
+    prefix_cache_mb: int = 256
 
 
 def resolve_dtype(config: EngineConfig) -> str | None:
