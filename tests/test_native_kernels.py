@@ -86,3 +86,17 @@ def test_fused_decoding_is_greedy_identical_to_hf_generate(tiny_target: TargetMo
     with torch.no_grad():
         ref = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False, min_new_tokens=24)
     assert tokens == ref[0, len(prompt):].tolist()
+
+
+def test_dspark_native_0_switches_the_kernels_off_and_the_plan_to_pytorch(monkeypatch, tiny_target) -> None:
+    monkeypatch.setenv("DSPARK_NATIVE", "0")
+    native.library.cache_clear()
+    try:
+        assert not native.is_available()
+        runner = TargetRunner(tiny_target.model, max_num_seqs=1, max_model_len=32)
+        assert runner.fused is None and not runner.native_attention
+        assert "native" not in set(runner.gemm_plan.layer_kernels.values()) | set(runner.gemm_plan.head_kernels.values())
+    finally:
+        monkeypatch.delenv("DSPARK_NATIVE")
+        native.library.cache_clear()
+    assert native.is_available()

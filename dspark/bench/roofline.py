@@ -30,7 +30,7 @@ DECODE_BATCHES = (1, 8, 32, 128, 256)
 _COMPONENTS = {
     "gemm": ("aten::mm", "aten::mv", "aten::addmv_", "aten::addmv", "aten::addmm", "mkldnn::_linear_pointwise",
              "aten::matmul", "native::gemm"),
-    "fused_layers": ("native::decoder_layer",),  # the few-token path: a whole layer per native call
+    "fused_layers": ("native::decoder_stack",),  # the few-token path: every layer in one native call
     "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math",
                   "aten::_efficient_attention_forward", "aten::_flash_attention_forward",
                   "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_flash_attention",

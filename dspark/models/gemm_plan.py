@@ -266,7 +266,7 @@ def plan_key(layers: list[PlannedLinear], head: PlannedLinear, row_invariant: bo
     shapes = sorted({tuple(lin.weight.shape) for lin in layers}) + [tuple(head.weight.shape)]
     ident = {"cpu": cpu_signature(), "torch": torch.__version__, "threads": torch.get_num_threads(),
              "dtype": str(head.weight.dtype), "shapes": shapes, "num_layers": len(layers),
-             "row_invariant": row_invariant, "kernels": KERNELS}
+             "row_invariant": row_invariant, "kernels": available_kernels(True, head.weight)}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -8,7 +8,7 @@ are one more candidate of the measured GEMM plan (`gemm_plan.py`): used only whe
 Built with the system C compiler (`cc`, `-O3 -march=native -fopenmp`), once per source, CPU and compiler,
 into ``~/.cache/dspark/native/``; no `-ffast-math` (it would link code that sets flush-to-zero for the
 whole process). OpenMP resolves to the libgomp that torch has already loaded, so both share one pool.
-Without a compiler the kernels are simply not candidates.
+Without a compiler, or with DSPARK_NATIVE=0 in the environment, the kernels are simply not candidates.
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ def library() -> ctypes.CDLL | None:
     """The compiled kernels, or None where no compiler is available or the build fails (logged)."""
     import torch  # noqa: F401  (torch's libgomp is loaded first: the kernels share its thread pool)
 
+    if os.environ.get("DSPARK_NATIVE", "1") == "0":  # the switch to PyTorch kernels only
+        return None
     cc = _compiler()
     if cc is None or not SOURCE.exists():
         log.warning("native kernels unavailable: no C compiler (set CC) or source missing")
@@ -74,8 +76,9 @@ def library() -> ctypes.CDLL | None:
     lib.gemm_blocked_f32.restype = None
     lib.native_tile_outputs.argtypes = []
     lib.native_tile_outputs.restype = i64
-    lib.decoder_layer_f32.argtypes = [i64] + [ptr] * 15 + [i64] * 5 + [ctypes.c_float] * 2 + [i64, i64]
-    lib.decoder_layer_f32.restype = None
+    lib.decoder_stack_f32.argtypes = ([i64, ptr, ptr, i64] + [ptr] * 8 + [i64] * 5 + [ctypes.c_float] * 2
+                                      + [i64, ptr, ptr, i64])
+    lib.decoder_stack_f32.restype = None
     lib.attention_f32.argtypes = [i64, ptr, i64] + [ptr] * 6 + [i64] * 3 + [ctypes.c_float, i64, i64]
     lib.attention_f32.restype = None
     return lib
@@ -133,21 +136,23 @@ def attention(qk: torch.Tensor, num_heads: int, k_cache: torch.Tensor, v_cache: 
 
 
 class FusedDecoder:
-    """The whole decoder stack for a few fp32 tokens, one native call per layer (`decoder_layer_f32`):
-    norms, q|k|v, rotary, K/V write, attention over each token's own slot, o, SiLU·up and down, with
-    no PyTorch op in between. Built from the runner's fused weights; the cache is passed per call
-    (the runner swaps in scratch caches)."""
+    """The whole decoder stack for a few fp32 tokens in one native call (`decoder_stack_f32`): per layer the
+    norms, q|k|v, rotary, K/V write, attention over each token's own slot, o, SiLU·up and down, with no
+    PyTorch op in between and one OpenMP region for all layers. Built from the runner's fused weights; the
+    cache is passed per call (the runner swaps in scratch caches)."""
 
     def __init__(self, layers: list, num_heads: int, num_kv_heads: int, head_dim: int, eps: float,
                  scale: float) -> None:
         lib = library()
         if lib is None:
             raise RuntimeError("native kernels are not available on this machine")
-        self._fn = lib.decoder_layer_f32
+        self._fn = lib.decoder_stack_f32
         self.layers = layers  # keeps the weights alive while their addresses are held below
-        self._ptrs = [(ly.in_norm.data_ptr(), ly.qkv.native_weight().data_ptr(), ly.o.native_weight().data_ptr(),
-                       ly.post_norm.data_ptr(), ly.gate_up.native_weight().data_ptr(),
-                       ly.down.native_weight().data_ptr()) for ly in layers]
+        self._weights = torch.tensor([p for ly in layers for p in (
+            ly.in_norm.data_ptr(), ly.qkv.native_weight().data_ptr(), ly.o.native_weight().data_ptr(),
+            ly.post_norm.data_ptr(), ly.gate_up.native_weight().data_ptr(), ly.down.native_weight().data_ptr())],
+            dtype=torch.int64)
+        self.num_layers = len(layers)
         self.d = layers[0].in_norm.shape[0]
         self.inter = layers[0].down.weight.shape[1]
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
@@ -161,17 +166,23 @@ class FusedDecoder:
                 and all(lin.bias is None for lin in (ly.qkv, ly.o, ly.gate_up, ly.down))
                 and ly.in_norm.is_contiguous())
 
-    def scratch(self, num_tokens: int, max_keys: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, k_cache: list[torch.Tensor], v_cache: list[torch.Tensor],
+                cache_row: torch.Tensor, key_row: torch.Tensor, num_keys: torch.Tensor, cos: torch.Tensor,
+                sin: torch.Tensor, max_keys: int, hidden_layers: tuple[int, ...]) -> dict[int, torch.Tensor]:
+        """Every layer in place on x (T, d); returns x after each layer i + 1 in `hidden_layers` (i >= 0).
+        The int64 index tensors and cos/sin (T, head_dim) contiguous."""
+        num_tokens = x.shape[0]
         nq, nkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         per_token = self.d + nq + 2 * nkv + nq + 3 * self.inter + self.num_heads * max_keys
-        return torch.empty(num_tokens * per_token, dtype=torch.float32)
-
-    def layer(self, i: int, x: torch.Tensor, scratch: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-              cache_row: torch.Tensor, key_row: torch.Tensor, num_keys: torch.Tensor, cos: torch.Tensor,
-              sin: torch.Tensor, max_keys: int) -> None:
-        """Layer i in place on x (T, d); the int64 index tensors and cos/sin (T, head_dim) contiguous."""
-        with traced("native::decoder_layer"):
-            self._fn(x.shape[0], x.data_ptr(), scratch.data_ptr(), *self._ptrs[i], k_cache.data_ptr(),
-                     v_cache.data_ptr(), cache_row.data_ptr(), key_row.data_ptr(), num_keys.data_ptr(),
-                     cos.data_ptr(), sin.data_ptr(), self.d, self.num_heads, self.num_kv_heads, self.head_dim,
-                     self.inter, self.eps, self.scale, max_keys, torch.get_num_threads())
+        scratch = torch.empty(num_tokens * per_token, dtype=torch.float32)
+        is_hidden = torch.tensor([int(i + 1 in hidden_layers) for i in range(self.num_layers)], dtype=torch.int64)
+        hidden = torch.empty(self.num_layers if hidden_layers else 1, num_tokens, self.d)
+        k_ptrs = torch.tensor([k.data_ptr() for k in k_cache], dtype=torch.int64)
+        v_ptrs = torch.tensor([v.data_ptr() for v in v_cache], dtype=torch.int64)
+        with traced("native::decoder_stack"):
+            self._fn(num_tokens, x.data_ptr(), scratch.data_ptr(), self.num_layers, self._weights.data_ptr(),
+                     k_ptrs.data_ptr(), v_ptrs.data_ptr(), cache_row.data_ptr(), key_row.data_ptr(),
+                     num_keys.data_ptr(), cos.data_ptr(), sin.data_ptr(), self.d, self.num_heads, self.num_kv_heads,
+                     self.head_dim, self.inter, self.eps, self.scale, max_keys, hidden.data_ptr(),
+                     is_hidden.data_ptr(), torch.get_num_threads())
+        return {i: hidden[i - 1] for i in hidden_layers if i > 0}

@@ -2,7 +2,7 @@
 `TargetRunner.forward`.
 
 - `forward_fused`: a few tokens (the row counts where the measured plan picked the native GEMM): the whole
-  decoder stack in one native call per layer. At batch 1 PyTorch's ~60 small ops per layer cost about as
+  decoder stack in one native call. At batch 1 PyTorch's ~60 small ops per layer cost about as
   much as the weight reads themselves.
 - `forward_native_attention`: any batch; PyTorch GEMMs (the plan's kernels) and elementwise ops, attention
   in native code. Each token attends to its own slot's keys up to its position, so no padded query view
@@ -73,14 +73,9 @@ def forward_fused(runner: TargetRunner, chunks: list[SeqChunk], hidden_layers: t
     flat = _flatten(chunks, runner.cache.max_model_len)
     x = F.embedding(flat.ids, runner.embed).contiguous()  # (T, D), updated in place layer by layer
     cos, sin = _rotary(runner, x, flat)
-    fused = runner.fused
-    scratch = fused.scratch(x.shape[0], flat.max_keys)
-    hidden: dict[int, torch.Tensor] = {0: x.clone()} if 0 in hidden_layers else {}
-    for i in range(runner.num_layers):
-        fused.layer(i, x, scratch, runner.cache.k[i], runner.cache.v[i], flat.cache_row, flat.key_row,
-                    flat.num_keys, cos, sin, flat.max_keys)
-        if i + 1 in hidden_layers:
-            hidden[i + 1] = x.clone()
+    hidden = {0: x.clone()} if 0 in hidden_layers else {}
+    hidden |= runner.fused.forward(x, runner.cache.k, runner.cache.v, flat.cache_row, flat.key_row, flat.num_keys,
+                                   cos, sin, flat.max_keys, hidden_layers)
     return _logits(runner, x, flat, hidden)
 
 
