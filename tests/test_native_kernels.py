@@ -95,7 +95,8 @@ def test_dspark_native_0_switches_the_kernels_off_and_the_plan_to_pytorch(monkey
         assert not native.is_available()
         runner = TargetRunner(tiny_target.model, max_num_seqs=1, max_model_len=32)
         assert runner.fused is None and not runner.native_attention
-        assert "native" not in set(runner.gemm_plan.layer_kernels.values()) | set(runner.gemm_plan.head_kernels.values())
+        plan = runner.gemm_plan
+        assert "native" not in set(plan.layer_kernels.values()) | set(plan.head_kernels.values())
     finally:
         monkeypatch.delenv("DSPARK_NATIVE")
         native.library.cache_clear()
