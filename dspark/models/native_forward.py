@@ -81,6 +81,8 @@ def forward_fused(runner: TargetRunner, chunks: list[SeqChunk], hidden_layers: t
 
 def forward_native_attention(runner: TargetRunner, chunks: list[SeqChunk],
                              hidden_layers: tuple[int, ...]) -> ForwardOutput:
+    from dspark.models.runner import attention_out_and_mlp  # runner imports this module
+
     flat = _flatten(chunks, runner.cache.max_model_len)
     x = F.embedding(flat.ids, runner.embed)  # (T, D)
     cos, sin = _rotary(runner, x, flat)
@@ -100,10 +102,7 @@ def forward_native_attention(runner: TargetRunner, chunks: list[SeqChunk],
         runner.cache.write(i, flat.cache_row, qk[:, num_heads:], v)
         attn = native.attention(qk, num_heads, runner.cache.k[i], runner.cache.v[i], flat.key_row, flat.num_keys,
                                 flat.max_keys, runner.scale)
-        x = x + layer.o(attn, kernel)
-        h = F.rms_norm(x, (x.shape[-1],), layer.post_norm, runner.eps)
-        gate, up = layer.gate_up(h, kernel).chunk(2, dim=-1)
-        x = x + layer.down(F.silu(gate) * up, kernel)
+        x = attention_out_and_mlp(layer, x, attn, kernel, runner.eps)
         if i + 1 in hidden_layers:
             hidden[i + 1] = x
     return _logits(runner, x, flat, hidden)

@@ -232,10 +232,7 @@ class TargetRunner:
             attn = attn.view(num_rows, self.num_heads, q_max, hd).transpose(1, 2).reshape(num_rows * q_max, nq)
             if pad_idx is not None:
                 attn = attn[pad_idx]  # (T, H*hd)
-            x = x + layer.o(attn, kernel)
-            h = F.rms_norm(x, (x.shape[-1],), layer.post_norm, self.eps)
-            gate, up = layer.gate_up(h, kernel).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up, kernel)
+            x = attention_out_and_mlp(layer, x, attn, kernel, self.eps)
             if i + 1 in hidden_layers:
                 hidden[i + 1] = x
         rows = x[torch.tensor(logit_rows, device=dev)] if len(logit_rows) < num_tokens else x
@@ -263,6 +260,14 @@ class TargetRunner:
         if len(groups) > 1 and max(k for *_, k in groups) - min(k for *_, k in groups) < ATTENTION_MIN_SAVING:
             return [(0, len(row_end), max(k for *_, k in groups))]  # too little to save for the extra calls
         return groups
+
+
+def attention_out_and_mlp(layer: _Layer, x: torch.Tensor, attn: torch.Tensor, kernel: str, eps: float) -> torch.Tensor:
+    """The rest of a decoder layer after attention (T, H*hd): o projection and residual, then the MLP block."""
+    x = x + layer.o(attn, kernel)
+    h = F.rms_norm(x, (x.shape[-1],), layer.post_norm, eps)
+    gate, up = layer.gate_up(h, kernel).chunk(2, dim=-1)
+    return x + layer.down(F.silu(gate) * up, kernel)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
