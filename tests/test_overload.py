@@ -31,10 +31,13 @@ def test_ten_times_the_limit_is_refused_cleanly_and_admitted_requests_complete(t
     assert mem["bound"] == round(mem["full_load_peak"] + 512.0, 1) == round(
         res["phases"]["calibrate"]["rss_peak_mb"] + 512.0, 1)
     assert mem["overload_peak"] == max(res["phases"][p]["rss_peak_mb"] for p in ("sustained", "sustained_2", "burst"))
-    # where each phase's CPU went, per request: the ingress and Serve's proxy did work in every phase
+    # where each phase's CPU went, per request: the ingress and Serve's proxy did work in every phase. Process
+    # CPU times tick in 10 ms, so over the calibrate phase's few requests the proxy's share can round to no
+    # tick at all (seen once in a full run); the overload phases send 10x as many
     for p in ("calibrate", "sustained", "burst"):
         cpu = res["phases"][p]["cpu_ms_per_request"]
-        assert any("SpecDecodeServer" in k for k in cpu) and any(k.startswith("ray::ProxyActor") for k in cpu), cpu
+        assert any("SpecDecodeServer" in k for k in cpu), cpu
+        assert p == "calibrate" or any(k.startswith("ray::ProxyActor") for k in cpu), cpu
     gone = res["phases"]["disconnect"]
     assert gone["num_hung_up"] == gone["num_streams"] > 0 and gone["freed_within_s"] is not None, gone
     # every hang-up reached the ingress before its stream could finish (2,000 tokens: seconds even here), and
