@@ -84,6 +84,13 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
+def _required() -> ctypes.CDLL:
+    lib = library()
+    if lib is None:
+        raise RuntimeError("native kernels are not available on this machine")
+    return lib
+
+
 def is_available() -> bool:
     return library() is not None
 
@@ -94,9 +101,7 @@ def supports(weight: torch.Tensor) -> bool:
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """(out, in) fp32 -> the kernels' layout: (out_pad / 16, in, 16), out padded with zeros to whole tiles."""
-    lib = library()
-    if lib is None:
-        raise RuntimeError("native kernels are not available on this machine")
+    lib = _required()
     size_out, size_in = weight.shape
     pad = -size_out % lib.native_tile_outputs()
     w = torch.cat([weight, weight.new_zeros(pad, size_in)]) if pad else weight
@@ -105,9 +110,7 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 
 def linear(x: torch.Tensor, packed: torch.Tensor, size_out: int, name: str = "gemm") -> torch.Tensor:
     """x (T, in) fp32 @ weightᵀ -> (T, size_out), with `packed` = pack(weight)."""
-    lib = library()
-    if lib is None:
-        raise RuntimeError("native kernels are not available on this machine")
+    lib = _required()
     x = x.contiguous()
     y = torch.empty(x.shape[0], size_out, dtype=torch.float32)
     with traced(f"native::{name}"):
@@ -122,9 +125,7 @@ def attention(qk: torch.Tensor, num_heads: int, k_cache: torch.Tensor, v_cache: 
 
     qk: contiguous (T, heads, head_dim) whose first num_heads heads are the queries (k follows); the cache
     (slots, max_len, num_kv_heads, head_dim); token t reads num_keys[t] keys from flat row key_row[t]."""
-    lib = library()
-    if lib is None:
-        raise RuntimeError("native kernels are not available on this machine")
+    lib = _required()
     num_tokens, heads, head_dim = qk.shape
     out = torch.empty(num_tokens, num_heads * head_dim, dtype=torch.float32)
     probs = torch.empty(num_tokens * num_heads * max_keys, dtype=torch.float32)
@@ -143,10 +144,7 @@ class FusedDecoder:
 
     def __init__(self, layers: list, num_heads: int, num_kv_heads: int, head_dim: int, eps: float,
                  scale: float) -> None:
-        lib = library()
-        if lib is None:
-            raise RuntimeError("native kernels are not available on this machine")
-        self._fn = lib.decoder_stack_f32
+        self._fn = _required().decoder_stack_f32
         self.layers = layers  # keeps the weights alive while their addresses are held below
         self._weights = torch.tensor([p for ly in layers for p in (
             ly.in_norm.data_ptr(), ly.qkv.native_weight().data_ptr(), ly.o.native_weight().data_ptr(),
@@ -157,6 +155,17 @@ class FusedDecoder:
         self.inter = layers[0].down.weight.shape[1]
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.eps, self.scale = eps, scale
+        self._cache_ptrs: tuple[list, list, torch.Tensor, torch.Tensor] | None = None  # (k list, v list, ptrs)
+        self._hidden_flags: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def _pointers(self, k_cache: list[torch.Tensor], v_cache: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The caches' per-layer addresses, rebuilt only when the runner swaps in another cache."""
+        memo = self._cache_ptrs
+        if memo is None or memo[0] is not k_cache or memo[1] is not v_cache:
+            memo = (k_cache, v_cache, torch.tensor([k.data_ptr() for k in k_cache], dtype=torch.int64),
+                    torch.tensor([v.data_ptr() for v in v_cache], dtype=torch.int64))
+            self._cache_ptrs = memo
+        return memo[2], memo[3]
 
     @staticmethod
     def supports(layers: list) -> bool:
@@ -175,10 +184,12 @@ class FusedDecoder:
         nq, nkv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         per_token = self.d + nq + 2 * nkv + nq + 3 * self.inter + self.num_heads * max_keys
         scratch = torch.empty(num_tokens * per_token, dtype=torch.float32)
-        is_hidden = torch.tensor([int(i + 1 in hidden_layers) for i in range(self.num_layers)], dtype=torch.int64)
+        is_hidden = self._hidden_flags.get(hidden_layers)
+        if is_hidden is None:
+            is_hidden = torch.tensor([int(i + 1 in hidden_layers) for i in range(self.num_layers)], dtype=torch.int64)
+            self._hidden_flags[hidden_layers] = is_hidden
         hidden = torch.empty(self.num_layers if hidden_layers else 1, num_tokens, self.d)
-        k_ptrs = torch.tensor([k.data_ptr() for k in k_cache], dtype=torch.int64)
-        v_ptrs = torch.tensor([v.data_ptr() for v in v_cache], dtype=torch.int64)
+        k_ptrs, v_ptrs = self._pointers(k_cache, v_cache)
         with traced("native::decoder_stack"):
             self._fn(num_tokens, x.data_ptr(), scratch.data_ptr(), self.num_layers, self._weights.data_ptr(),
                      k_ptrs.data_ptr(), v_ptrs.data_ptr(), cache_row.data_ptr(), key_row.data_ptr(),

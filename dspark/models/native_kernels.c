@@ -16,7 +16,7 @@
 
 /* ---- fp32 GEMM on weights packed in column blocks: wp (out_pad / 16, in, 16), out_pad a multiple of the tile. ----
  * 16 outputs are one vector: y[r, o:o+16] += x[r, i] * wp[o/16, i, :], a plain FMA chain over i per output.
- * No horizontal sums (the row-major dot products above spend ~40% of their time in them at 4-8 rows), the
+ * No horizontal sums (row-major dot products, tried first, spent ~40% of their time in them at 4-8 rows), the
  * weight tile is read once per 4 input rows, and every output is the same chain whatever the row count.
  */
 typedef float vf16 __attribute__((vector_size(64), aligned(4)));
