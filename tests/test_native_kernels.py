@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from dspark.models import native
 from dspark.models.gemm_plan import GemmPlan
 from dspark.models.runner import SeqChunk, TargetRunner
-from dspark.models.target import TargetModel
+from dspark.models.target import TargetModel, load_target
 
 pytestmark = pytest.mark.skipif(not native.is_available(), reason="no C compiler on this machine")
 
@@ -27,22 +27,46 @@ def test_native_gemm_matches_linear_and_its_rows_do_not_depend_on_the_row_count(
     assert torch.equal(got, alone)  # the same reduction order whatever else the step carries
 
 
-def test_native_attention_is_causal_per_slot_and_matches_sdpa() -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_attention_is_causal_per_slot_and_matches_sdpa(dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(1)
     num_heads, num_kv, hd, max_len = 6, 2, 16, 40
-    k_cache = torch.randn(3, max_len, num_kv, hd, generator=gen)
-    v_cache = torch.randn(3, max_len, num_kv, hd, generator=gen)
+    k_cache = torch.randn(3, max_len, num_kv, hd, generator=gen).to(dtype)
+    v_cache = torch.randn(3, max_len, num_kv, hd, generator=gen).to(dtype)
     slots, positions = [2, 0, 0, 1], [7, 30, 31, 0]  # two tokens of one slot: the first must not see the second
-    qk = torch.randn(4, num_heads + num_kv, hd, generator=gen)
+    qk = torch.randn(4, num_heads + num_kv, hd, generator=gen).to(dtype)
     key_row = torch.tensor(slots) * max_len
     num_keys = torch.tensor(positions) + 1
     out = native.attention(qk, num_heads, k_cache, v_cache, key_row, num_keys, 32, hd ** -0.5)
+    assert out.dtype == dtype
     for t, (s, p) in enumerate(zip(slots, positions)):
-        q = qk[t, :num_heads][:, None, :]  # (H, 1, hd)
-        k = k_cache[s, :p + 1].transpose(0, 1).repeat_interleave(num_heads // num_kv, 0)  # (H, p+1, hd)
-        v = v_cache[s, :p + 1].transpose(0, 1).repeat_interleave(num_heads // num_kv, 0)
-        ref = F.scaled_dot_product_attention(q, k, v).reshape(-1)
-        torch.testing.assert_close(out[t], ref, atol=1e-5, rtol=1e-5)
+        q = qk[t, :num_heads][:, None, :].float()  # (H, 1, hd); the reference in fp32 on the same inputs
+        k = k_cache[s, :p + 1].transpose(0, 1).repeat_interleave(num_heads // num_kv, 0).float()  # (H, p+1, hd)
+        v = v_cache[s, :p + 1].transpose(0, 1).repeat_interleave(num_heads // num_kv, 0).float()
+        ref = F.scaled_dot_product_attention(q, k, v).reshape(-1).to(dtype)  # bf16: rounded once, as ours
+        torch.testing.assert_close(out[t], ref, atol=1e-5, rtol=1e-5 if dtype == torch.float32 else 8e-3)
+
+
+def test_bf16_bulk_generation_runner_takes_native_attention_as_close_to_fp32_as_sdpa(tiny_target_dir) -> None:
+    """bf16 generation (rows need not be invariant) attends in native code; verification keeps SDPA. Both
+    are bf16 roundings of the fp32 model: the native path must be about as close to it as the SDPA path."""
+    plan = GemmPlan.fixed("linear")
+    bf16 = load_target(str(tiny_target_dir), "cpu", "bf16").model
+    fp32 = load_target(str(tiny_target_dir), "cpu", "fp32").model
+    runners = [TargetRunner(bf16, 2, 64, gemm_plan=plan, row_invariant=False),
+               TargetRunner(bf16, 2, 64, gemm_plan=plan, row_invariant=True),
+               TargetRunner(fp32, 2, 64, gemm_plan=plan)]
+    assert runners[0].native_attention and not runners[1].native_attention
+    gen = torch.Generator().manual_seed(3)
+    seqs = [torch.randint(4, runners[0].vocab_size, (n,), generator=gen).tolist() for n in (23, 11)]
+    logits = []
+    for runner in runners:
+        slots = [runner.cache.allocate() for _ in seqs]
+        runner.forward([SeqChunk(s, 0, q[:-2], 1) for s, q in zip(slots, seqs)])  # prefill (SDPA in all)
+        logits.append(runner.forward([SeqChunk(s, len(q) - 2, q[-2:], 2) for s, q in zip(slots, seqs)])
+                      .logits.float())
+    native_err, sdpa_err = ((x - logits[2]).abs().max() for x in logits[:2])
+    assert native_err <= 2 * sdpa_err and native_err < 0.05 * logits[2].abs().max()
 
 
 @pytest.mark.parametrize("path", ["fused", "native_attention"])

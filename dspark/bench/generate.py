@@ -18,6 +18,7 @@ import time
 import torch
 
 from dspark.bench.prompts import chat_prompt_ids
+from dspark.models import native
 from dspark.models.gemm_plan import GemmPlan, cpu_signature
 from dspark.models.target import load_target
 from dspark.spec.chi2 import chi_square_pvalue
@@ -71,29 +72,35 @@ def run_generate_bench(target_name: str, num_prompts_before: int = 64, num_promp
     after = _run(after_engine, prompts[:num_prompts_after], max_tokens)
     return {"cpu": cpu_signature(), "num_threads": torch.get_num_threads(), "max_tokens": max_tokens,
             "before": before, "after": after, "speedup": round(after["tok_s"] / before["tok_s"], 2),
-            "sampler_check": sampler_check(before_engine, prompts[0])}
+            "sampler_check": sampler_check(before_engine, prompts[0], after_engine.target.dtype)}
 
 
-def sampler_check(engine: Engine, prompt: list[int], num_samples: int = 20_000) -> dict:
+def sampler_check(engine: Engine, prompt: list[int], dtype: torch.dtype, num_samples: int = 20_000) -> dict:
     """Sample one real next-token distribution (T 0.7, top-p 0.9) with both samplers; chi-square of
-    the nucleus counts against the engine sampler's filtered probabilities."""
+    the nucleus counts against the engine sampler's filtered probabilities. The logits are rounded to
+    the generation path's dtype and sampled as it samples them (contiguous rows: the native pass where the
+    kernels are available)."""
     with torch.inference_mode():
         ids = torch.tensor([prompt])
         out = engine.target.model.generate(ids, max_new_tokens=48, do_sample=False)
-        rows = engine.target.model(out).logits[0, len(prompt):].float()  # (48, V) along a response
+        rows = engine.target.model(out).logits[0, len(prompt):].to(dtype).float()  # (48, V) along a response
     all_probs = logits_to_probs(rows, torch.full((len(rows),), 0.7), torch.full((len(rows),), 0.9))
     sizes = (all_probs > 0).sum(dim=-1)
     pick = int(torch.where(sizes <= 200, sizes, 0).argmax())  # the widest nucleus a chi-square can cover
     logits, probs = rows[pick:pick + 1], all_probs[pick:pick + 1]
     gens = [torch.Generator().manual_seed(i) for i in range(num_samples)]
-    ours = sample_nucleus(logits.expand(num_samples, -1), [0.7] * num_samples, [0.9] * num_samples, gens)
+    ours = []
+    for lo in range(0, num_samples, 1000):
+        n = min(1000, num_samples - lo)
+        ours += sample_nucleus(logits.to(dtype).repeat(n, 1), [0.7] * n, [0.9] * n, gens[lo:lo + n])
     gen = torch.Generator().manual_seed(1)
     theirs = [int(sample_from_probs(probs, exponential_noise(probs.shape, gen, None))[0])
               for _ in range(num_samples)]
     vocab = logits.shape[1]
     ours_c = torch.bincount(torch.tensor(ours), minlength=vocab)
     theirs_c = torch.bincount(torch.tensor(theirs), minlength=vocab)
-    return {"num_samples": num_samples, "nucleus_size": int((probs[0] > 0).sum()),
+    return {"num_samples": num_samples, "dtype": str(dtype).removeprefix("torch."),
+            "native_pass": native.is_available(), "nucleus_size": int((probs[0] > 0).sum()),
             "p_value_nucleus_vs_probs": chi_square_pvalue(ours_c, probs[0]),
             "p_value_engine_sampler_vs_probs": chi_square_pvalue(theirs_c, probs[0]),
             "outside_nucleus": int(ours_c[probs[0] == 0].sum())}

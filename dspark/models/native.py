@@ -21,6 +21,7 @@ import logging
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -31,7 +32,7 @@ from dspark.models.target import cache_dir
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native_kernels.c")
-CFLAGS = ("-O3", "-march=native", "-fopenmp", "-funroll-loops", "-shared", "-fPIC", "-std=c11")
+CFLAGS = ("-O3", "-march=native", "-fopenmp", "-funroll-loops", "-ffp-contract=fast", "-shared", "-fPIC", "-std=c11")
 
 
 def traced(name: str) -> contextlib.AbstractContextManager:
@@ -81,6 +82,10 @@ def library() -> ctypes.CDLL | None:
     lib.decoder_stack_f32.restype = None
     lib.attention_f32.argtypes = [i64, ptr, i64] + [ptr] * 6 + [i64] * 3 + [ctypes.c_float, i64, i64]
     lib.attention_f32.restype = None
+    lib.attention_bf16.argtypes = lib.attention_f32.argtypes
+    lib.attention_bf16.restype = None
+    lib.nucleus_candidates.argtypes = [i64, i64, ptr, i64, ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, i64]
+    lib.nucleus_candidates.restype = None
     return lib
 
 
@@ -119,21 +124,62 @@ def linear(x: torch.Tensor, packed: torch.Tensor, size_out: int, name: str = "ge
     return y
 
 
+def supports_attention(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+    """Whether the native attention (and the fused stack, which uses it) takes this shape and dtype."""
+    return (is_available() and dtype in (torch.float32, torch.bfloat16) and head_dim % 16 == 0
+            and head_dim <= 256 and num_heads % num_kv_heads == 0)
+
+
 def attention(qk: torch.Tensor, num_heads: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
               key_row: torch.Tensor, num_keys: torch.Tensor, max_keys: int, scale: float) -> torch.Tensor:
-    """fp32 attention of T tokens, each over its own cache slot: (T, num_heads * head_dim).
+    """Attention of T tokens, each over its own cache slot: (T, num_heads * head_dim), in qk's dtype (fp32,
+    or bf16 with the arithmetic in fp32).
 
     qk: contiguous (T, heads, head_dim) whose first num_heads heads are the queries (k follows); the cache
-    (slots, max_len, num_kv_heads, head_dim); token t reads num_keys[t] keys from flat row key_row[t]."""
+    (slots, max_len, num_kv_heads, head_dim) in qk's dtype; token t reads num_keys[t] keys from flat row
+    key_row[t]."""
     lib = _required()
     num_tokens, heads, head_dim = qk.shape
-    out = torch.empty(num_tokens, num_heads * head_dim, dtype=torch.float32)
+    fn = lib.attention_bf16 if qk.dtype == torch.bfloat16 else lib.attention_f32
+    out = torch.empty(num_tokens, num_heads * head_dim, dtype=qk.dtype)
     probs = torch.empty(num_tokens * num_heads * max_keys, dtype=torch.float32)
     with traced("native::attention"):
-        lib.attention_f32(num_tokens, qk.data_ptr(), heads * head_dim, k_cache.data_ptr(), v_cache.data_ptr(),
-                          key_row.data_ptr(), num_keys.data_ptr(), out.data_ptr(), probs.data_ptr(), num_heads,
-                          k_cache.shape[2], head_dim, scale, max_keys, torch.get_num_threads())
+        fn(num_tokens, qk.data_ptr(), heads * head_dim, k_cache.data_ptr(), v_cache.data_ptr(), key_row.data_ptr(),
+           num_keys.data_ptr(), out.data_ptr(), probs.data_ptr(), num_heads, k_cache.shape[2], head_dim, scale,
+           max_keys, torch.get_num_threads())
     return out
+
+
+@dataclass
+class Candidates:
+    """`nucleus_candidates`' result for N rows: row r's candidates are idx[r, :count[r]] (when count[r] <= cap)."""
+
+    argmax: list[int]
+    total: torch.Tensor  # (N,) float64: sum of the row's unnormalised weights exp((x - max) / T)
+    count: list[int]
+    idx: torch.Tensor  # (N, cap) int32
+    weight: torch.Tensor  # (N, cap) float32: their unnormalised weights
+
+
+def nucleus_candidates(logits: torch.Tensor, temperature: list[float], frac: list[float], cap: int) -> Candidates:
+    """Per row of logits (N, V), fp32 or bf16, contiguous: the argmax, the total weight, and the tokens whose
+    weight exceeds frac[r] x total (see spec/nucleus.py), in one native pass per row. temperature 0: argmax only."""
+    lib = _required()
+    num_rows, vocab = logits.shape
+    argmax = torch.empty(num_rows, dtype=torch.int64)
+    total = torch.empty(num_rows, dtype=torch.float64)
+    count = torch.empty(num_rows, dtype=torch.int64)
+    idx = torch.empty(num_rows, cap, dtype=torch.int32)
+    weight = torch.empty(num_rows, cap, dtype=torch.float32)
+    temp = torch.tensor(temperature, dtype=torch.float32)
+    frac_t = torch.tensor(frac, dtype=torch.float64)
+    threads = torch.get_num_threads()
+    scratch = torch.empty(threads * vocab, dtype=torch.float32)
+    with traced("native::nucleus_candidates"):
+        lib.nucleus_candidates(num_rows, vocab, logits.data_ptr(), int(logits.dtype == torch.bfloat16),
+                               temp.data_ptr(), frac_t.data_ptr(), argmax.data_ptr(), total.data_ptr(), cap,
+                               idx.data_ptr(), weight.data_ptr(), count.data_ptr(), scratch.data_ptr(), threads)
+    return Candidates(argmax.tolist(), total, count.tolist(), idx, weight)
 
 
 class FusedDecoder:

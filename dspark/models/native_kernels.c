@@ -7,6 +7,7 @@
  * on what else the step carries. Weights are packed once (native.py: pack) in blocks of 16 outputs.
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <math.h>
 #include <omp.h>
 #include <sched.h>
@@ -85,62 +86,241 @@ void gemm_blocked_f32(const float *restrict x, const float *restrict wp, float *
   gemm_part(x, wp, y, rows, in, out, omp_get_thread_num(), omp_get_num_threads());
 }
 
-/* Attention of T single tokens over their own cache slots, fp32. Query t (row t of q, stride q_stride, heads
- * contiguous) reads keys key_row[t] .. key_row[t] + num_keys[t] - 1 of the (rows, num_kv_heads, hd) cache.
- * The G query heads sharing a KV head are done together, so each cached key and value is read once per
- * token (the CPU SDPA kernel ran at ~1/7 of the read bandwidth on single-query rows). probs: scratch of
- * T * num_heads * max_keys floats. out: (T, num_heads * hd). Thread tid of n takes (token, KV head) items
- * tid, tid + n, ... */
+/* Attention of T single tokens over their own cache slots, computed in fp32 on fp32 or bf16 tensors.
+ * Query t (row t of q, stride q_stride, heads contiguous) reads keys key_row[t] .. key_row[t] + num_keys[t] - 1
+ * of the (rows, num_kv_heads, hd) cache. The G query heads sharing a KV head are done together, so each cached
+ * key and value is read (and, in bf16, widened) once per token: the CPU SDPA kernel ran at ~1/7 of the read
+ * bandwidth on single-query rows. probs: scratch of T * num_heads * max_keys floats. out: (T, num_heads * hd),
+ * the element type of q. Thread tid of n takes (token, KV head) items tid, tid + n, ...; an item's arithmetic
+ * does not depend on the others, so a token's result does not depend on what else the step carries. */
+
+static inline float bf16_to_f32(uint16_t h) {
+  union { uint32_t u; float f; } c = {.u = (uint32_t)h << 16};
+  return c.f;
+}
+
+static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch's .to(bfloat16) */
+  union { float f; uint32_t u; } c = {.f = f};
+  if ((c.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((c.u >> 16) | 0x40); /* NaN stays NaN */
+  return (uint16_t)((c.u + 0x7fffu + ((c.u >> 16) & 1u)) >> 16);
+}
+
+/* n elements of an fp32 (bf16 = 0) or bf16 (bf16 = 1) array from element offset `at`, as fp32 in buf; an fp32
+ * array is returned in place. */
+static inline __attribute__((always_inline)) const float *as_f32(const void *base, int64_t at, int64_t n, float *buf,
+                                                                  int bf16) {
+  if (!bf16) return (const float *)base + at;
+  const uint16_t *src = (const uint16_t *)base + at;
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++) buf[i] = bf16_to_f32(src[i]);
+  return buf;
+}
+
+/* The sums of 16 vectors' lanes as one vector (lane j: the sum of p[j]): a tree of pairwise lane folds, 30
+ * shuffles and 15 adds for 16 dot products instead of 16 horizontal sums. */
+#if defined(__GNUC__) && !defined(__clang__)
+typedef int32_t vi16 __attribute__((vector_size(64)));
+#define FOLD(a, b, lo, hi) (__builtin_shuffle((a), (b), (vi16)lo) + __builtin_shuffle((a), (b), (vi16)hi))
+static inline vf16 sum_lanes16(vf16 p[16]) {
+  vf16 c[8], e[4], f[2];
+  for (int i = 0; i < 8; i++)
+    c[i] = FOLD(p[2 * i], p[2 * i + 1], ((vi16){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}),
+                ((vi16){8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}));
+  for (int i = 0; i < 4; i++)
+    e[i] = FOLD(c[2 * i], c[2 * i + 1], ((vi16){0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27}),
+                ((vi16){4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31}));
+  for (int i = 0; i < 2; i++)
+    f[i] = FOLD(e[2 * i], e[2 * i + 1], ((vi16){0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29}),
+                ((vi16){2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31}));
+  return FOLD(f[0], f[1], ((vi16){0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}),
+              ((vi16){1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31}));
+}
+#else
+static inline vf16 sum_lanes16(vf16 p[16]) {
+  vf16 s;
+  for (int j = 0; j < 16; j++) {
+    float t = 0.f;
+    for (int i = 0; i < 16; i++) t += p[j][i];
+    s[j] = t;
+  }
+  return s;
+}
+#endif
+
+static inline vf16 load16(const float *p) { return *(const vf16 *)p; }
+
+/* p[j] = exp(p[j] - mx) for j < n (all <= 0), returning their sum, 16 at a time in vector code (libm's expf is
+ * one call per element without -ffast-math, and GCC kept this loop scalar). Cody-Waite reduction x = k ln2 + r,
+ * Cephes' degree-6 polynomial for e^r, 2^k from the exponent bits: within 2 ulp of expf, 0 below e^-87. */
+typedef int32_t vi16x __attribute__((vector_size(64), aligned(4)));
+static inline vf16 exp_le0(vf16 x) {
+  vi16x under = x < -87.0f;
+  x = (vf16)(((vi16x)x & ~under) | ((vi16x)((vf16){0} - 87.0f) & under));
+  vf16 k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
+  vf16 r = x - k * 0.693359375f + k * 2.12194440e-4f;
+  vf16 y = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * r * r + r + 1.0f;
+  vi16x bits = (__builtin_convertvector(k, vi16x) + 127) << 23;
+  return (vf16)((vi16x)(y * (vf16)bits) & ~under);
+}
+
+static inline float exp_shifted(float *restrict p, int64_t n, float mx) {
+  vf16 sum = {0};
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    vf16 e = exp_le0(*(vf16 *)(p + j) - mx);
+    *(vf16 *)(p + j) = e;
+    sum += e;
+  }
+  if (j < n) { /* the tail through a buffer padded with e^-inf = 0 */
+    vf16 t;
+    for (int64_t i = 0; i < 16; i++) t[i] = j + i < n ? p[j + i] - mx : -INFINITY;
+    t = exp_le0(t);
+    for (int64_t i = 0; j + i < n; i++) p[j + i] = t[i];
+    sum += t;
+  }
+  float total = 0.f;
+  for (int i = 0; i < 16; i++) total += sum[i];
+  return total;
+}
+
+/* Software prefetch of the next block's cache rows (up to 16 of them; `count` may be <= 0): `width` elements
+ * of each, rows `stride` elements apart. */
+static inline __attribute__((always_inline)) void prefetch_rows(const void *base, int64_t at, int64_t count,
+                                                                 int64_t stride, int64_t width, int bf16) {
+  int64_t size = bf16 ? 2 : 4, bytes = width * size;
+  for (int64_t j = 0; j < (count < 16 ? count : 16); j++)
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)base + (at + j * stride) * size + b);
+}
+
+/* An item is one token and a run of its KV heads: all of them when there are enough tokens to share among the
+ * threads (a key's row is then read whole, one sequential stream per token), else one KV head each. Keys (and
+ * values) go in blocks of 16: a block's scores for one query head are 16 dot products folded into one vector
+ * (head_dim a multiple of 16; `hd` is a literal 64 for the common head size, so the chunk loops unroll). In
+ * bf16 a block is widened once into an fp32 buffer that serves all the item's heads. */
+#define KEYS 16
+#define ATTN_MAX_HD 256
+static inline __attribute__((always_inline)) void attention_generic(
+    int64_t T, const void *q, int64_t q_stride, const void *k_cache, const void *v_cache, const int64_t *key_row,
+    const int64_t *num_keys, void *out, float *probs, int64_t num_heads, int64_t num_kv_heads, const int64_t hd,
+    float scale, int64_t max_keys, int64_t tid, int64_t nthr, int bf16) {
+  int64_t nkv = num_kv_heads * hd, group = num_heads / num_kv_heads, nc = hd / 16;
+  int64_t split = T >= 2 * nthr ? 1 : num_kv_heads, heads = num_kv_heads / split, width = heads * hd;
+  /* per thread: q heads widened (heads * group, hd) | a key or value block (KEYS, width) | accumulators */
+  float *buf = malloc(sizeof(float) * (size_t)(heads * group * hd + KEYS * width) + sizeof(vf16) * heads * group * nc);
+  float *qbuf = buf, *blk = qbuf + heads * group * hd;
+  vf16 *acc = (vf16 *)(blk + KEYS * width);
+  for (int64_t item = tid; item < T * split; item += nthr) {
+    int64_t t = item / split, h0 = (item % split) * heads, n = num_keys[t];
+    int64_t k0 = key_row[t] * nkv + h0 * hd, stride = bf16 ? width : nkv;
+    float *p0 = probs + (t * num_heads + h0 * group) * max_keys; /* (heads * group, max_keys) */
+    const float *qh = as_f32(q, t * q_stride + h0 * group * hd, heads * group * hd, qbuf, bf16);
+    for (int64_t j0 = 0; j0 < n; j0 += KEYS) {
+      int64_t nb = n - j0 < KEYS ? n - j0 : KEYS;
+      const float *kb = bf16 ? blk : (const float *)k_cache + k0 + j0 * nkv;
+      prefetch_rows(k_cache, k0 + (j0 + KEYS) * nkv, n - j0 - KEYS, nkv, width, bf16);
+      if (bf16)
+        for (int64_t j = 0; j < nb; j++) as_f32(k_cache, k0 + (j0 + j) * nkv, width, blk + j * width, 1);
+      for (int64_t hg = 0; hg < heads * group; hg++) { /* query head h0 * group + hg reads KV head h0 + hg / group */
+        const float *qg = qh + hg * hd, *kh = kb + (hg / group) * hd;
+        vf16 part[KEYS];
+        for (int64_t j = 0; j < KEYS; j++) {
+          vf16 s = {0};
+          if (j < nb)
+            for (int64_t c = 0; c < nc; c++) s += load16(qg + 16 * c) * load16(kh + j * stride + 16 * c);
+          part[j] = s;
+        }
+        vf16 sc = sum_lanes16(part) * scale;
+        float *p = p0 + hg * max_keys + j0;
+        if (nb == KEYS)
+          *(vf16 *)p = sc;
+        else
+          for (int64_t j = 0; j < nb; j++) p[j] = sc[j];
+      }
+    }
+    prefetch_rows(v_cache, k0, n, nkv, width, bf16);
+    for (int64_t hg = 0; hg < heads * group; hg++) {
+      float *p = p0 + hg * max_keys, mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+      for (int64_t j = 0; j < n; j++) mx = p[j] > mx ? p[j] : mx;
+      float inv = 1.0f / exp_shifted(p, n, mx);
+      for (int64_t j = 0; j < n; j++) p[j] *= inv;
+      for (int64_t c = 0; c < nc; c++) acc[hg * nc + c] = (vf16){0};
+    }
+    for (int64_t j0 = 0; j0 < n; j0 += KEYS) {
+      int64_t nb = n - j0 < KEYS ? n - j0 : KEYS;
+      const float *vb = bf16 ? blk : (const float *)v_cache + k0 + j0 * nkv;
+      prefetch_rows(v_cache, k0 + (j0 + KEYS) * nkv, n - j0 - KEYS, nkv, width, bf16);
+      if (bf16)
+        for (int64_t j = 0; j < nb; j++) as_f32(v_cache, k0 + (j0 + j) * nkv, width, blk + j * width, 1);
+      for (int64_t hg = 0; hg < heads * group; hg++) {
+        /* in registers within the block, even and odd keys apart: two FMA chains instead of one per chunk */
+        const float *p = p0 + hg * max_keys + j0, *vh = vb + (hg / group) * hd;
+        vf16 *a = acc + hg * nc, even[ATTN_MAX_HD / 16], odd[ATTN_MAX_HD / 16];
+        for (int64_t c = 0; c < nc; c++) even[c] = a[c], odd[c] = (vf16){0};
+        int64_t j = 0;
+        for (; j + 1 < nb; j += 2)
+          for (int64_t c = 0; c < nc; c++) {
+            even[c] += p[j] * load16(vh + j * stride + 16 * c);
+            odd[c] += p[j + 1] * load16(vh + (j + 1) * stride + 16 * c);
+          }
+        if (j < nb)
+          for (int64_t c = 0; c < nc; c++) even[c] += p[j] * load16(vh + j * stride + 16 * c);
+        for (int64_t c = 0; c < nc; c++) a[c] = even[c] + odd[c];
+      }
+    }
+    for (int64_t hg = 0; hg < heads * group; hg++) {
+      int64_t at = t * num_heads * hd + (h0 * group + hg) * hd;
+      const float *a = (const float *)(acc + hg * nc);
+      if (bf16)
+        for (int64_t i = 0; i < hd; i++) ((uint16_t *)out)[at + i] = f32_to_bf16(a[i]);
+      else
+        memcpy((float *)out + at, a, (size_t)hd * sizeof(float));
+    }
+  }
+  free(buf);
+}
+
+/* hd a literal where it is 64 (the chunk loops then unroll into registers), any multiple of 16 otherwise. */
+#define ATTENTION(bf16)                                                                                              \
+  do {                                                                                                               \
+    if (hd == 64)                                                                                                    \
+      attention_generic(T, q, q_stride, k_cache, v_cache, key_row, num_keys, out, probs, num_heads, num_kv_heads, 64, \
+                        scale, max_keys, tid, nthr, bf16);                                                           \
+    else                                                                                                             \
+      attention_generic(T, q, q_stride, k_cache, v_cache, key_row, num_keys, out, probs, num_heads, num_kv_heads, hd, \
+                        scale, max_keys, tid, nthr, bf16);                                                           \
+  } while (0)
+
 static void attention_part(int64_t T, const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
                            const int64_t *key_row, const int64_t *num_keys, float *out, float *probs,
                            int64_t num_heads, int64_t num_kv_heads, int64_t hd, float scale, int64_t max_keys,
                            int64_t tid, int64_t nthr) {
-  int64_t nkv = num_kv_heads * hd, group = num_heads / num_kv_heads;
-  for (int64_t item = tid; item < T * num_kv_heads; item += nthr) {
-    int64_t t = item / num_kv_heads, kvh = item % num_kv_heads, n = num_keys[t];
-    const float *kb = k_cache + key_row[t] * nkv + kvh * hd, *vb = v_cache + key_row[t] * nkv + kvh * hd;
-    float *p0 = probs + (t * num_heads + kvh * group) * max_keys;
-    for (int64_t g = 0; g < group; g++) {
-      const float *qh = q + t * q_stride + (kvh * group + g) * hd;
-      float *p = p0 + g * max_keys;
-      for (int64_t j = 0; j < n; j++) {
-        const float *k = kb + j * nkv;
-        float s = 0.f;
-#pragma omp simd reduction(+ : s)
-        for (int64_t i = 0; i < hd; i++) s += qh[i] * k[i];
-        p[j] = s * scale;
-      }
-    }
-    float inv[64];
-    for (int64_t g = 0; g < group; g++) {
-      float *p = p0 + g * max_keys, mx = -INFINITY, sum = 0.f;
-      for (int64_t j = 0; j < n; j++) mx = p[j] > mx ? p[j] : mx;
-      for (int64_t j = 0; j < n; j++) {
-        p[j] = expf(p[j] - mx);
-        sum += p[j];
-      }
-      inv[g] = 1.0f / sum;
-      float *o = out + t * num_heads * hd + (kvh * group + g) * hd;
-      for (int64_t i = 0; i < hd; i++) o[i] = 0.f;
-    }
-    for (int64_t j = 0; j < n; j++) {
-      const float *v = vb + j * nkv;
-      for (int64_t g = 0; g < group; g++) {
-        float pj = p0[g * max_keys + j] * inv[g];
-        float *o = out + t * num_heads * hd + (kvh * group + g) * hd;
-#pragma omp simd
-        for (int64_t i = 0; i < hd; i++) o[i] += pj * v[i];
-      }
-    }
-  }
+  ATTENTION(0);
 }
 
+/* attention_f32 / attention_bf16: the above over nt threads. */
 void attention_f32(int64_t T, const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
                    const int64_t *key_row, const int64_t *num_keys, float *out, float *probs, int64_t num_heads,
                    int64_t num_kv_heads, int64_t hd, float scale, int64_t max_keys, int64_t nt) {
 #pragma omp parallel num_threads(nt)
   attention_part(T, q, q_stride, k_cache, v_cache, key_row, num_keys, out, probs, num_heads, num_kv_heads, hd, scale,
                  max_keys, omp_get_thread_num(), omp_get_num_threads());
+}
+
+void attention_bf16(int64_t T, const uint16_t *q, int64_t q_stride, const uint16_t *k_cache,
+                    const uint16_t *v_cache, const int64_t *key_row, const int64_t *num_keys, uint16_t *out,
+                    float *probs, int64_t num_heads, int64_t num_kv_heads, int64_t hd, float scale, int64_t max_keys,
+                    int64_t nt) {
+#pragma omp parallel num_threads(nt)
+  {
+    int64_t tid = omp_get_thread_num(), nthr = omp_get_num_threads();
+    ATTENTION(1);
+  }
 }
 
 /* ---- The decoder stack for a few fp32 tokens, in place on x, in ONE parallel region. ----
@@ -258,6 +438,72 @@ void decoder_stack_f32(int64_t T, float *restrict x, float *restrict scratch, in
         if (is_hidden[l]) memcpy(hidden + l * T * d, x, (size_t)(T * d) * sizeof(float));
       }
       barrier_wait(&bar, &sense, n);
+    }
+  }
+}
+
+/* ---- The plain sampler's passes over whole rows (spec/nucleus.py), rows in parallel. ----
+ * Row r of logits (rows, V), fp32 or bf16: its argmax (first of equal maxima), the total of
+ * w_j = exp((x_j - max) / temp[r]) (fp32 terms summed in double), and the candidates j with
+ * w_j > frac[r] * total, in ascending j, up to `cap` of them (cand_count[r] is the full count: a row with more
+ * is the caller's to take another way). temp[r] = 0 marks a greedy row: its argmax only. scratch: nt * V
+ * floats. One read of the row and two passes over an fp32 copy in cache, where PyTorch took ~9 passes. */
+void nucleus_candidates(int64_t rows, int64_t V, const void *logits, int64_t bf16, const float *temp,
+                        const double *frac, int64_t *argmax, double *total, int64_t cap, int32_t *cand_idx,
+                        float *cand_w, int64_t *cand_count, float *scratch, int64_t nt) {
+#pragma omp parallel num_threads(nt)
+  {
+    float *w = scratch + (int64_t)omp_get_thread_num() * V;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t r = 0; r < rows; r++) {
+      if (bf16)
+        as_f32(logits, r * V, V, w, 1);
+      else
+        memcpy(w, (const float *)logits + r * V, (size_t)V * sizeof(float));
+      float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+      for (int64_t j = 0; j < V; j++) mx = w[j] > mx ? w[j] : mx;
+      int64_t best = 0;
+      while (best < V - 1 && w[best] != mx) best++;
+      argmax[r] = best;
+      cand_count[r] = 0;
+      total[r] = 0.0;
+      float tr = temp[r];
+      if (tr == 0.f) continue;
+      double sum = 0.0;
+      int64_t j = 0;
+      for (; j + 16 <= V; j += 16) {
+        vf16 e = exp_le0((*(vf16 *)(w + j) - mx) / tr);
+        *(vf16 *)(w + j) = e;
+        float part = 0.f;
+        for (int i = 0; i < 16; i++) part += e[i];
+        sum += part;
+      }
+      for (; j < V; j++) {
+        vf16 t = {0};
+        t[0] = (w[j] - mx) / tr;
+        t = exp_le0(t);
+        w[j] = t[0];
+        sum += t[0];
+      }
+      total[r] = sum;
+      float thr = (float)(frac[r] * sum);
+      int64_t count = 0;
+      for (j = 0; j < V; j += 16) {
+        int64_t end = j + 16 < V ? j + 16 : V;
+        int any = 0;
+        for (int64_t i = j; i < end; i++) any |= w[i] > thr;
+        if (!any) continue;
+        for (int64_t i = j; i < end; i++)
+          if (w[i] > thr) {
+            if (count < cap) {
+              cand_idx[r * cap + count] = (int32_t)i;
+              cand_w[r * cap + count] = w[i];
+            }
+            count++;
+          }
+      }
+      cand_count[r] = count;
     }
   }
 }

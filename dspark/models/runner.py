@@ -33,9 +33,12 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
 # (their ~1e-7 differences do not flip greedy choices), so fp32 and bulk generation read exact lengths.
 KEY_BLOCK = 64
 ATTENTION_GROUP_ROWS = 32  # rows per attention call when their lengths differ (see _attention_groups)
-# native attention (one query at a time) for decode and verify steps; prompt chunks longer than this take
-# the CPU SDPA kernel, which was faster there (SmolLM2 prefill of 32 prompts: 986 against 842 tok/s, AMD EPYC)
+# native attention (one query at a time) for decode and verify steps, and for prompt chunks whose sequences
+# end within NATIVE_ATTENTION_MAX_KEYS; longer prompts take the CPU SDPA kernel, whose tiles reuse each key
+# across queries. SmolLM2 prefill on a 2-core AMD EPYC (Zen 5), native / SDPA tok/s: 64 prompts of 20-220
+# tokens 1.10 (bf16) and 1.36 (fp32); 16 of 200: 1.03 / 1.08; 16 of 300: 0.84 / 1.01; 2 of 1000: 0.80 / 0.96
 NATIVE_ATTENTION_MAX_QUERY = 16
+NATIVE_ATTENTION_MAX_KEYS = 256
 ATTENTION_MIN_SAVING = 32  # keys the shortest run must save before splitting the call is worth it
 
 
@@ -107,9 +110,16 @@ class TargetRunner:
         # GEMM fastest at that row count (PyTorch's small ops cost as much as the math there)
         self.fused = (FusedDecoder(self.layers, self.num_heads, self.num_kv_heads, self.head_dim, self.eps,
                                    self.scale) if "native" in gemm_plan.layer_kernels.values()
-                      and FusedDecoder.supports(self.layers) else None)
-        # fp32 attention in native code at any batch: the CPU SDPA kernel was ~1/3 of a large-batch step
-        self.native_attention = self.dtype == torch.float32 and self.device.type == "cpu" and native.is_available()
+                      and FusedDecoder.supports(self.layers)
+                      and native.supports_attention(torch.float32, self.num_heads, self.num_kv_heads, self.head_dim)
+                      else None)
+        # attention of decode / verify tokens in native code at any batch: the CPU SDPA kernel was ~1/3 of a
+        # large fp32 step and half of a bf16 one. bf16 only where rows need not match the SDPA path's rounding
+        # (bulk generation): bf16 verification keeps the key-block-padded SDPA path its losslessness tests cover
+        self.native_attention = (self.device.type == "cpu"
+                                 and (self.dtype == torch.float32 or not row_invariant)
+                                 and native.supports_attention(self.dtype, self.num_heads, self.num_kv_heads,
+                                                               self.head_dim))
 
     @contextlib.contextmanager
     def scratch_cache(self, num_seqs: int, max_len: int) -> Iterator[KVCachePool]:
@@ -156,7 +166,7 @@ class TargetRunner:
         # not depend on the step's shape (bf16 greedy speculation equals bf16 target-only decoding).
         if self.fused is not None and self.gemm_plan.kernel(sum(len(c.token_ids) for c in chunks)) == "native":
             return forward_fused(self, chunks, hidden_layers)
-        if self.native_attention and q_max <= NATIVE_ATTENTION_MAX_QUERY:
+        if self.native_attention and (q_max <= NATIVE_ATTENTION_MAX_QUERY or num_keys <= NATIVE_ATTENTION_MAX_KEYS):
             return forward_native_attention(self, chunks, hidden_layers)
         block = KEY_BLOCK if self.row_invariant and self.dtype in (torch.bfloat16, torch.float16) else 1
         num_keys = min(-(-num_keys // block) * block, self.cache.max_model_len)

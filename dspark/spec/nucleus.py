@@ -15,20 +15,72 @@ else runs on a few hundred candidates per row:
   (argmax p / E, E ~ Exp(1) from the request's own generator), over the nucleus only.
 - top_p = 1 rows race over the whole row (their nucleus is the whole vocabulary); greedy rows take
   the argmax.
+- With the native kernels (`models/native.py`), the passes over whole rows (max, exp, sum, candidates)
+  are one native call for all rows, fp32 or bf16 logits read in place; a row with more than
+  NATIVE_CANDIDATE_CAP candidates, and the top_p = 1 rows, take the PyTorch passes.
 """
 
 from __future__ import annotations
 
 import torch
 
+from dspark.models import native
 from dspark.spec.sampling import exponential_noise
 
 _ROWS_PER_CHUNK = 16  # (16, V) fp32 working rows stay in cache: each pass over them is cheap
+NATIVE_CANDIDATE_CAP = 2048  # candidates a row may have in the native pass (SmolLM2 at T 0.7, top-p 0.9: ~10-300)
 
 
 def sample_nucleus(logits: torch.Tensor, temperature: list[float], top_p: list[float],
                    generators: list[torch.Generator | None]) -> list[int]:
     """One token per row of logits (N, V), distributed as softmax(logits / T) restricted to top-p."""
+    if (logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.bfloat16) and logits.is_contiguous()
+            and native.is_available()):
+        return _sample_native(logits, temperature, top_p, generators)
+    return _sample_torch(logits, temperature, top_p, generators)
+
+
+def _sample_native(logits: torch.Tensor, temperature: list[float], top_p: list[float],
+                   generators: list[torch.Generator | None]) -> list[int]:
+    num_rows, vocab = logits.shape
+    tokens = [0] * num_rows
+    taken = [r for r in range(num_rows) if temperature[r] == 0 or top_p[r] < 1.0]
+    rest = [r for r in range(num_rows) if not (temperature[r] == 0 or top_p[r] < 1.0)]
+    if taken:
+        sub = logits if len(taken) == num_rows else logits[taken]
+        cand = native.nucleus_candidates(sub, [temperature[r] for r in taken],
+                                         [(1.0 - top_p[r]) / (2 * vocab) for r in taken], NATIVE_CANDIDATE_CAP)
+        nucleus: list[tuple[int, int]] = []  # (row of sub, row of logits)
+        for j, r in enumerate(taken):
+            if temperature[r] == 0:
+                tokens[r] = cand.argmax[j]
+            elif cand.count[j] > NATIVE_CANDIDATE_CAP:
+                rest.append(r)
+            else:
+                nucleus.append((j, r))
+        if nucleus:
+            sel = torch.tensor([j for j, _ in nucleus])
+            counts = torch.tensor([cand.count[j] for j, _ in nucleus])
+            rows = torch.repeat_interleave(torch.arange(len(nucleus)), counts)  # ascending, as nonzero's
+            starts = torch.cumsum(counts, 0) - counts
+            pos = torch.arange(len(rows)) - starts[rows]
+            cols = cand.idx[sel][rows, pos].long()
+            probs = cand.weight[sel][rows, pos].double() / cand.total[sel][rows]
+            picked = _race_in_nucleus(rows, cols, probs, [top_p[r] for _, r in nucleus],
+                                      [generators[r] for _, r in nucleus])
+            for (_, r), tok in zip(nucleus, picked):
+                tokens[r] = tok
+    if rest:
+        rest.sort()
+        picked = _sample_torch(logits[rest], [temperature[r] for r in rest], [top_p[r] for r in rest],
+                               [generators[r] for r in rest])
+        for r, tok in zip(rest, picked):
+            tokens[r] = tok
+    return tokens
+
+
+def _sample_torch(logits: torch.Tensor, temperature: list[float], top_p: list[float],
+                  generators: list[torch.Generator | None]) -> list[int]:
     num_rows, vocab = logits.shape
     device = logits.device
     tokens = [0] * num_rows
@@ -77,7 +129,8 @@ def _race_in_nucleus(rows: torch.Tensor, cols: torch.Tensor, probs: torch.Tensor
     device = probs.device
     top_p_t = torch.tensor(top_p, device=device, dtype=torch.float64)
     counts = torch.bincount(rows, minlength=num_rows)  # (S,)
-    order = torch.argsort(rows.double() * 2.0 + (1.0 - probs))  # by row, then p descending
+    # by row, then p descending; stable, so tied tokens keep ascending ids whatever else the batch holds
+    order = torch.argsort(rows.double() * 2.0 + (1.0 - probs), stable=True)
     rows, cols, probs = rows[order], cols[order], probs[order]
     starts = torch.cumsum(counts, 0) - counts  # (S,) first candidate of each row
     exclusive = torch.cumsum(probs, 0) - probs  # (C,) mass before each candidate, over all rows

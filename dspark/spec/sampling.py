@@ -59,7 +59,8 @@ def filtered_probs(
 
 def _top_p_filter(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Zero out tokens outside each row's nucleus and renormalise. probs (N, V), top_p (N,)."""
-    sorted_probs, sorted_index = probs.sort(dim=-1, descending=True)  # (N, V) each
+    # stable: among tied tokens the lower ids come first (bf16 logits tie often), as in `spec/nucleus.py`
+    sorted_probs, sorted_index = probs.sort(dim=-1, descending=True, stable=True)  # (N, V) each
     # A token is kept iff the mass strictly before it is still short of top_p; this keeps
     # the smallest prefix reaching top_p and always keeps the top token (mass before = 0).
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # (N, V)

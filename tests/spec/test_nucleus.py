@@ -11,8 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dspark.models import native
 from dspark.spec.chi2 import ALPHA, chi_square_pvalue
-from dspark.spec.nucleus import sample_nucleus
+from dspark.spec.nucleus import NATIVE_CANDIDATE_CAP, _sample_native, _sample_torch, sample_nucleus
 from dspark.spec.sampling import exponential_noise, logits_to_probs, sample_from_probs
 
 from .test_lossless import reference_probs
@@ -76,3 +77,42 @@ def test_the_same_seed_gives_the_same_tokens() -> None:
     a = sample_nucleus(logits, [0.9] * 8, [0.9] * 8, [torch.Generator().manual_seed(i) for i in range(8)])
     b = sample_nucleus(logits, [0.9] * 8, [0.9] * 8, [torch.Generator().manual_seed(i) for i in range(8)])
     assert a == b
+
+
+@pytest.mark.skipif(not native.is_available(), reason="no C compiler on this machine")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_candidate_pass_follows_the_filtered_distribution_in_fp32_and_bf16(dtype: torch.dtype) -> None:
+    logits = _logits(40, seed=11).to(dtype)
+    expected = reference_probs(logits.float(), 0.7, 0.9)[0]
+    rows = logits.repeat(NUM_SAMPLES, 1)
+    gens = [torch.Generator().manual_seed(5_000_011 + i) for i in range(NUM_SAMPLES)]
+    tokens = _sample_native(rows, [0.7] * NUM_SAMPLES, [0.9] * NUM_SAMPLES, gens)
+    counts = torch.bincount(torch.tensor(tokens), minlength=40)
+    assert chi_square_pvalue(counts, expected) > ALPHA
+    assert int(counts[expected == 0].sum()) == 0
+
+
+@pytest.mark.skipif(not native.is_available(), reason="no C compiler on this machine")
+def test_native_pass_matches_the_pytorch_passes_row_for_row() -> None:
+    """Same candidates, same draws: greedy, nucleus, top-p 1 and over-the-cap rows in one batch."""
+    gen = torch.Generator().manual_seed(4)
+    vocab = 6000
+    logits = torch.randn(6, vocab, generator=gen) * 3
+    logits[4] = 0.0  # a flat row: every token is a candidate, more than the native cap
+    temps, top_p = [0.0, 0.7, 1.0, 0.7, 1.0, 0.5], [0.9, 0.9, 0.95, 1.0, 0.9, 0.5]
+    ours = _sample_native(logits, temps, top_p, [torch.Generator().manual_seed(i) for i in range(6)])
+    theirs = _sample_torch(logits, temps, top_p, [torch.Generator().manual_seed(i) for i in range(6)])
+    assert ours == theirs
+    assert native.nucleus_candidates(logits[4:5], [1.0], [0.05 / vocab], NATIVE_CANDIDATE_CAP).count[0] == vocab
+
+
+def test_tied_tokens_at_the_nucleus_boundary_are_cut_as_the_engine_sampler_cuts_them() -> None:
+    """bf16 logits tie often; the lower id of a tie goes first in both samplers' orders (stable sorts)."""
+    logits = torch.tensor([[0.0, 1.0, 3.0, 1.0, 2.0, -1.0, 1.0]], dtype=torch.bfloat16)
+    probs = logits_to_probs(logits.float(), torch.tensor([1.0]), torch.tensor([0.8]))
+    support = set(probs[0].nonzero().flatten().tolist())
+    assert support == {2, 4, 1}  # ids 1, 3 and 6 tie: only the first is needed to reach 0.8
+    n = 3000
+    for fn in (_sample_torch, _sample_native) if native.is_available() else (_sample_torch,):
+        tokens = fn(logits.repeat(n, 1), [1.0] * n, [0.8] * n, [torch.Generator().manual_seed(i) for i in range(n)])
+        assert set(tokens) == support
