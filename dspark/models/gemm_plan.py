@@ -267,6 +267,10 @@ def plan_key(layers: list[PlannedLinear], head: PlannedLinear, row_invariant: bo
     ident = {"cpu": cpu_signature(), "torch": torch.__version__, "threads": torch.get_num_threads(),
              "dtype": str(head.weight.dtype), "shapes": shapes, "num_layers": len(layers),
              "row_invariant": row_invariant, "kernels": available_kernels(True, head.weight)}
+    if "native" in ident["kernels"]:
+        from dspark.models import native
+
+        ident["native_build"] = native.build_id()  # a rebuilt kernel is measured again
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -62,7 +62,7 @@ def library() -> ctypes.CDLL | None:
         log.warning("native kernels unavailable: %s", e)
         return None
     ident = repr((source, cpu_signature(), version, CFLAGS)).encode()
-    out = cache_dir() / "native" / f"kernels-{hashlib.sha256(ident).hexdigest()[:16]}.so"
+    out = cache_dir() / "native" / f"kernels-{hashlib.sha256(ident).hexdigest()[:16]}.so"  # see build_id
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(f".{os.getpid()}.tmp")
@@ -86,7 +86,16 @@ def library() -> ctypes.CDLL | None:
     lib.attention_bf16.restype = None
     lib.nucleus_candidates.argtypes = [i64, i64, ptr, i64, ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, i64]
     lib.nucleus_candidates.restype = None
+    lib.rotary_cache_write.argtypes = [i64] + [ptr] * 6 + [i64] * 5
+    lib.rotary_cache_write.restype = None
     return lib
+
+
+def build_id() -> str | None:
+    """Which build of the kernels is loaded (source, CPU, compiler and flags), None without one: measurements
+    of them (the GEMM plan) are keyed by it."""
+    lib = library()
+    return Path(lib._name).stem if lib is not None else None
 
 
 def _required() -> ctypes.CDLL:
@@ -135,7 +144,7 @@ def attention(qk: torch.Tensor, num_heads: int, k_cache: torch.Tensor, v_cache: 
     """Attention of T tokens, each over its own cache slot: (T, num_heads * head_dim), in qk's dtype (fp32,
     or bf16 with the arithmetic in fp32).
 
-    qk: contiguous (T, heads, head_dim) whose first num_heads heads are the queries (k follows); the cache
+    qk: contiguous (T, heads, head_dim) whose first num_heads heads are the queries (k, v may follow); the cache
     (slots, max_len, num_kv_heads, head_dim) in qk's dtype; token t reads num_keys[t] keys from flat row
     key_row[t]."""
     lib = _required()
@@ -148,6 +157,19 @@ def attention(qk: torch.Tensor, num_heads: int, k_cache: torch.Tensor, v_cache: 
            num_keys.data_ptr(), out.data_ptr(), probs.data_ptr(), num_heads, k_cache.shape[2], head_dim, scale,
            max_keys, torch.get_num_threads())
     return out
+
+
+def rotary_cache_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                       v_cache: torch.Tensor, cache_row: torch.Tensor, num_heads: int) -> None:
+    """In place on a step's q|k|v rows (T, (num_heads + 2 kv) * head_dim), contiguous, fp32 or bf16: the rotary
+    embedding on q and k (cos/sin (T, head_dim) in qkv's dtype), then k and v into the caches (slots, max_len,
+    kv, head_dim) at flat rows cache_row (T,)."""
+    lib = _required()
+    num_kv, head_dim = k_cache.shape[2], k_cache.shape[3]
+    with traced("native::rotary_cache_write"):
+        lib.rotary_cache_write(qkv.shape[0], qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
+                               v_cache.data_ptr(), cache_row.data_ptr(), num_heads, num_kv, head_dim,
+                               int(qkv.dtype == torch.bfloat16), torch.get_num_threads())
 
 
 @dataclass

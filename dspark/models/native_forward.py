@@ -86,22 +86,16 @@ def forward_native_attention(runner: TargetRunner, chunks: list[SeqChunk],
     flat = _flatten(chunks, runner.cache.max_model_len)
     x = F.embedding(flat.ids, runner.embed)  # (T, D)
     cos, sin = _rotary(runner, x, flat)
-    cos, sin = cos[:, None, :], sin[:, None, :]  # (T, 1, hd)
     hidden: dict[int, torch.Tensor] = {0: x} if 0 in hidden_layers else {}
     num_tokens = x.shape[0]
     kernel = runner.gemm_plan.kernel(num_tokens)
     num_heads, num_kv, hd = runner.num_heads, runner.num_kv_heads, runner.head_dim
-    nq, nkv = num_heads * hd, num_kv * hd
     for i, layer in enumerate(runner.layers):
         h = F.rms_norm(x, (x.shape[-1],), layer.in_norm, runner.eps)
-        qkv = layer.qkv(h, kernel)
-        qk = qkv[:, :nq + nkv].view(num_tokens, num_heads + num_kv, hd)
-        half = hd // 2
-        qk = (qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin).contiguous()
-        v = qkv[:, nq + nkv:].view(num_tokens, num_kv, hd)
-        runner.cache.write(i, flat.cache_row, qk[:, num_heads:], v)
-        attn = native.attention(qk, num_heads, runner.cache.k[i], runner.cache.v[i], flat.key_row, flat.num_keys,
-                                flat.max_keys, runner.scale)
+        qkv = layer.qkv(h, kernel).contiguous()  # (T, (H + 2 KV) * hd)
+        native.rotary_cache_write(qkv, cos, sin, runner.cache.k[i], runner.cache.v[i], flat.cache_row, num_heads)
+        attn = native.attention(qkv.view(num_tokens, num_heads + 2 * num_kv, hd), num_heads, runner.cache.k[i],
+                                runner.cache.v[i], flat.key_row, flat.num_keys, flat.max_keys, runner.scale)
         x = attention_out_and_mlp(layer, x, attn, kernel, runner.eps)
         if i + 1 in hidden_layers:
             hidden[i + 1] = x

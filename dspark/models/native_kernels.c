@@ -13,6 +13,9 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <string.h>
+#ifdef __AVX512BF16__
+#include <immintrin.h>
+#endif
 
 
 /* ---- fp32 GEMM on weights packed in column blocks: wp (out_pad / 16, in, 16), out_pad a multiple of the tile. ----
@@ -223,6 +226,27 @@ static inline __attribute__((always_inline)) void attention_generic(
       int64_t nb = n - j0 < KEYS ? n - j0 : KEYS;
       const float *kb = bf16 ? blk : (const float *)k_cache + k0 + j0 * nkv;
       prefetch_rows(k_cache, k0 + (j0 + KEYS) * nkv, n - j0 - KEYS, nkv, width, bf16);
+#ifdef __AVX512BF16__
+      if (bf16 && hd % 32 == 0) { /* bf16 pairs multiplied exactly and summed into fp32 lanes: no widening */
+        for (int64_t hg = 0; hg < heads * group; hg++) {
+          const uint16_t *qg = (const uint16_t *)q + t * q_stride + (h0 * group + hg) * hd;
+          const uint16_t *kh = (const uint16_t *)k_cache + k0 + j0 * nkv + (hg / group) * hd;
+          vf16 part[KEYS];
+          for (int64_t j = 0; j < KEYS; j++) {
+            __m512 s = _mm512_setzero_ps();
+            if (j < nb)
+              for (int64_t c = 0; c < hd / 32; c++)
+                s = _mm512_dpbf16_ps(s, (__m512bh)_mm512_loadu_si512(qg + 32 * c),
+                                     (__m512bh)_mm512_loadu_si512(kh + j * nkv + 32 * c));
+            part[j] = (vf16)s;
+          }
+          vf16 sc = sum_lanes16(part) * scale;
+          float *p = p0 + hg * max_keys + j0;
+          for (int64_t j = 0; j < nb; j++) p[j] = sc[j];
+        }
+        continue;
+      }
+#endif
       if (bf16)
         for (int64_t j = 0; j < nb; j++) as_f32(k_cache, k0 + (j0 + j) * nkv, width, blk + j * width, 1);
       for (int64_t hg = 0; hg < heads * group; hg++) { /* query head h0 * group + hg reads KV head h0 + hg / group */
@@ -506,4 +530,44 @@ void nucleus_candidates(int64_t rows, int64_t V, const void *logits, int64_t bf1
       cand_count[r] = count;
     }
   }
+}
+
+/* ---- Rotary embedding and the K/V cache write of a step, in place on its q|k|v rows (fp32 or bf16). ----
+ * qkv (T, (num_heads + 2 num_kv_heads) * hd): q and k heads rotated by cos/sin (T, hd; HF's rotate_half pairs
+ * i and i + hd / 2), computed in fp32 and rounded once; k and v then copied to cache row cache_row[t] of the
+ * (rows, num_kv_heads, hd) caches. Replaces ~8 PyTorch ops a layer (mul, neg, cat, add, the index copies). */
+static inline __attribute__((always_inline)) void rotary_write_generic(
+    int64_t T, void *qkv, const void *cos, const void *sin, void *k_cache, void *v_cache, const int64_t *cache_row,
+    int64_t num_heads, int64_t num_kv_heads, int64_t hd, int64_t nt, int bf16) {
+  int64_t width = (num_heads + 2 * num_kv_heads) * hd, nkv = num_kv_heads * hd, half = hd / 2;
+  size_t esize = bf16 ? 2 : 4;
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t t = 0; t < T; t++) {
+    float cbuf[ATTN_MAX_HD], sbuf[ATTN_MAX_HD], v[ATTN_MAX_HD], out[ATTN_MAX_HD];
+    const float *c = as_f32(cos, t * hd, hd, cbuf, bf16), *s = as_f32(sin, t * hd, hd, sbuf, bf16);
+    for (int64_t h = 0; h < num_heads + num_kv_heads; h++) {
+      int64_t at = t * width + h * hd;
+      const float *x = as_f32(qkv, at, hd, v, bf16);
+      for (int64_t i = 0; i < half; i++) {
+        out[i] = x[i] * c[i] - x[i + half] * s[i];
+        out[i + half] = x[i + half] * c[i + half] + x[i] * s[i + half];
+      }
+      if (bf16)
+        for (int64_t i = 0; i < hd; i++) ((uint16_t *)qkv)[at + i] = f32_to_bf16(out[i]);
+      else
+        memcpy((float *)qkv + at, out, (size_t)hd * sizeof(float));
+    }
+    char *row = (char *)qkv + (t * width + num_heads * hd) * esize;
+    memcpy((char *)k_cache + cache_row[t] * nkv * esize, row, (size_t)nkv * esize);
+    memcpy((char *)v_cache + cache_row[t] * nkv * esize, row + nkv * esize, (size_t)nkv * esize);
+  }
+}
+
+void rotary_cache_write(int64_t T, void *qkv, const void *cos, const void *sin, void *k_cache, void *v_cache,
+                        const int64_t *cache_row, int64_t num_heads, int64_t num_kv_heads, int64_t hd, int64_t bf16,
+                        int64_t nt) {
+  if (bf16)
+    rotary_write_generic(T, qkv, cos, sin, k_cache, v_cache, cache_row, num_heads, num_kv_heads, hd, nt, 1);
+  else
+    rotary_write_generic(T, qkv, cos, sin, k_cache, v_cache, cache_row, num_heads, num_kv_heads, hd, nt, 0);
 }
