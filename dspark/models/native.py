@@ -88,6 +88,10 @@ def library() -> ctypes.CDLL | None:
     lib.nucleus_candidates.restype = None
     lib.rotary_cache_write.argtypes = [i64] + [ptr] * 6 + [i64] * 5
     lib.rotary_cache_write.restype = None
+    lib.silu_mul_f32.argtypes = [i64, ptr, ptr, i64, i64]
+    lib.silu_mul_f32.restype = None
+    lib.rms_norm_f32.argtypes = [i64, ptr, ptr, ptr, i64, ctypes.c_float, i64]
+    lib.rms_norm_f32.restype = None
     return lib
 
 
@@ -170,6 +174,29 @@ def rotary_cache_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, 
         lib.rotary_cache_write(qkv.shape[0], qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
                                v_cache.data_ptr(), cache_row.data_ptr(), num_heads, num_kv, head_dim,
                                int(qkv.dtype == torch.bfloat16), torch.get_num_threads())
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of fp32 rows (T, d), as F.rms_norm(x, (d,), weight, eps)."""
+    lib = _required()
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    with traced("native::rms_norm"):
+        lib.rms_norm_f32(x.shape[0], x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[1], eps,
+                         torch.get_num_threads())
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) * up of fp32 rows (T, 2 inter) laid out gate | up: (T, inter), one pass (PyTorch takes
+    three: the chunk, the SiLU and the product)."""
+    lib = _required()
+    gate_up = gate_up.contiguous()
+    inter = gate_up.shape[1] // 2
+    out = torch.empty(gate_up.shape[0], inter, dtype=torch.float32)
+    with traced("native::silu_mul"):
+        lib.silu_mul_f32(gate_up.shape[0], gate_up.data_ptr(), out.data_ptr(), inter, torch.get_num_threads())
+    return out
 
 
 @dataclass

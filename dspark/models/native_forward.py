@@ -91,7 +91,8 @@ def forward_native_attention(runner: TargetRunner, chunks: list[SeqChunk],
     kernel = runner.gemm_plan.kernel(num_tokens)
     num_heads, num_kv, hd = runner.num_heads, runner.num_kv_heads, runner.head_dim
     for i, layer in enumerate(runner.layers):
-        h = F.rms_norm(x, (x.shape[-1],), layer.in_norm, runner.eps)
+        h = (native.rms_norm(x, layer.in_norm, runner.eps) if x.dtype == torch.float32
+             else F.rms_norm(x, (x.shape[-1],), layer.in_norm, runner.eps))
         qkv = layer.qkv(h, kernel).contiguous()  # (T, (H + 2 KV) * hd)
         native.rotary_cache_write(qkv, cos, sin, runner.cache.k[i], runner.cache.v[i], flat.cache_row, num_heads)
         attn = native.attention(qkv.view(num_tokens, num_heads + 2 * num_kv, hd), num_heads, runner.cache.k[i],

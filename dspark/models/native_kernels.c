@@ -191,6 +191,21 @@ static inline float exp_shifted(float *restrict p, int64_t n, float mx) {
   return total;
 }
 
+/* SiLU(g) * u over [lo, hi) of fp32 rows: sigmoid from e^-|g| (exp_le0), so no exp overflows; 16 at a time. */
+static inline vf16 silu16(vf16 g) {
+  vi16x neg = g < 0.0f;
+  vf16 e = exp_le0((vf16)((vi16x)g | (int32_t)0x80000000)); /* e^-|g| */
+  vf16 num = (vf16)(((vi16x)e & neg) | ((vi16x)((vf16){0} + 1.0f) & ~neg)); /* g < 0: e^g / (1 + e^g) */
+  return g * num / (1.0f + e);
+}
+
+static void silu_mul_range(const float *restrict g, const float *restrict u, float *restrict a, int64_t lo,
+                           int64_t hi) {
+  int64_t i = lo;
+  for (; i + 16 <= hi; i += 16) *(vf16 *)(a + i) = silu16(load16(g + i)) * load16(u + i);
+  for (; i < hi; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
 /* Software prefetch of the next block's cache rows (up to 16 of them; `count` may be <= 0): `width` elements
  * of each, rows `stride` elements apart. */
 static inline __attribute__((always_inline)) void prefetch_rows(const void *base, int64_t at, int64_t count,
@@ -452,7 +467,7 @@ void decoder_stack_f32(int64_t T, float *restrict x, float *restrict scratch, in
         const float *g = gu + t * 2 * inter, *u = g + inter;
         float *a = act + t * inter;
         int64_t chunk = (inter + n - 1) / n, lo = tid * chunk, hi = lo + chunk < inter ? lo + chunk : inter;
-        for (int64_t i = lo; i < hi; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        silu_mul_range(g, u, a, lo, hi);
       }
       barrier_wait(&bar, &sense, n);
       gemm_part(act, w_down, h, T, inter, d, tid, n);
@@ -570,4 +585,17 @@ void rotary_cache_write(int64_t T, void *qkv, const void *cos, const void *sin, 
     rotary_write_generic(T, qkv, cos, sin, k_cache, v_cache, cache_row, num_heads, num_kv_heads, hd, nt, 1);
   else
     rotary_write_generic(T, qkv, cos, sin, k_cache, v_cache, cache_row, num_heads, num_kv_heads, hd, nt, 0);
+}
+
+/* ---- The MLP's SiLU(gate) * up for fp32 rows gate_up (T, 2 inter) -> out (T, inter), rows in parallel. ---- */
+void silu_mul_f32(int64_t T, const float *gate_up, float *out, int64_t inter, int64_t nt) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t t = 0; t < T; t++)
+    silu_mul_range(gate_up + t * 2 * inter, gate_up + t * 2 * inter + inter, out + t * inter, 0, inter);
+}
+
+/* ---- RMSNorm of fp32 rows x (T, d) with weight w -> out, rows in parallel. ---- */
+void rms_norm_f32(int64_t T, const float *x, const float *w, float *out, int64_t d, float eps, int64_t nt) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t t = 0; t < T; t++) rms_norm_rows(x + t * d, w, out + t * d, 1, d, eps);
 }

@@ -275,6 +275,9 @@ class TargetRunner:
 def attention_out_and_mlp(layer: _Layer, x: torch.Tensor, attn: torch.Tensor, kernel: str, eps: float) -> torch.Tensor:
     """The rest of a decoder layer after attention (T, H*hd): o projection and residual, then the MLP block."""
     x = x + layer.o(attn, kernel)
+    if x.dtype == torch.float32 and x.device.type == "cpu" and native.is_available():  # one pass each
+        gate_up = layer.gate_up(native.rms_norm(x, layer.post_norm, eps), kernel)
+        return x + layer.down(native.silu_mul(gate_up), kernel)
     h = F.rms_norm(x, (x.shape[-1],), layer.post_norm, eps)
     gate, up = layer.gate_up(h, kernel).chunk(2, dim=-1)
     return x + layer.down(F.silu(gate) * up, kernel)
