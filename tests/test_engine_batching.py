@@ -64,3 +64,32 @@ def test_one_target_forward_per_step(tiny_target, monkeypatch):
     engine.step()  # one prefill forward for the 3 newcomers, then ONE verify forward over all 4
     assert calls == [3, 4]
     assert torch.is_tensor(engine.runner.cache.k[0])
+
+
+def test_target_only_steps_carry_arriving_prompts_in_the_decode_forward(tiny_target, monkeypatch):
+    """Target-only: prompts admitted while others decode ride in the same forward (one weight pass), and
+    every request's tokens are still those it gets alone: greedy and seeded sampling."""
+    prompts = tiny_prompts(tiny_target.model.config.vocab_size)[:8]
+    params = [SamplingParams(max_tokens=6 + 3 * i, ignore_eos=True, temperature=0.0 if i % 2 else 0.9,
+                             top_p=0.95, seed=7 + i) for i in range(len(prompts))]
+
+    def target_only(max_num_seqs: int) -> Engine:
+        return Engine(EngineConfig(target=str(tiny_target.path), drafter="none", scheduler="fixed",
+                                   max_num_seqs=max_num_seqs, max_model_len=512, prefix_cache_mb=0),
+                      target=tiny_target)
+
+    engine = target_only(3)
+    assert engine._can_fuse_admission()
+    mixed = []
+    real = engine.runner.forward
+
+    def recording_forward(chunks, *args, **kwargs):  # the real forward; notes steps mixing prompts and decodes
+        sizes = {len(c.token_ids) > 1 for c in chunks}
+        mixed.append(sizes == {True, False})
+        return real(chunks, *args, **kwargs)
+
+    monkeypatch.setattr(engine.runner, "forward", recording_forward)
+    batched = [r.output_ids for r in engine.generate(prompts, params)]
+    assert sum(mixed) >= 3  # refills rode along with running requests' tokens
+    solo = [target_only(1).generate([p], [sp])[0].output_ids for p, sp in zip(prompts, params)]
+    assert batched == solo

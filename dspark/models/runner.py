@@ -134,6 +134,14 @@ class TargetRunner:
         finally:
             self.cache = kept
 
+    def takes_native_attention(self, chunks: list[SeqChunk]) -> bool:
+        """Whether a forward of these chunks attends in native code: every chunk a few tokens (decode,
+        verify) or a prompt chunk ending within NATIVE_ATTENTION_MAX_KEYS (see there)."""
+        return self.native_attention and all(
+            len(c.token_ids) <= NATIVE_ATTENTION_MAX_QUERY
+            or c.start_pos + len(c.token_ids) <= NATIVE_ATTENTION_MAX_KEYS
+            for c in chunks)
+
     @staticmethod
     def _fuse(layer: torch.nn.Module) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp
@@ -166,7 +174,7 @@ class TargetRunner:
         # not depend on the step's shape (bf16 greedy speculation equals bf16 target-only decoding).
         if self.fused is not None and self.gemm_plan.kernel(sum(len(c.token_ids) for c in chunks)) == "native":
             return forward_fused(self, chunks, hidden_layers)
-        if self.native_attention and (q_max <= NATIVE_ATTENTION_MAX_QUERY or num_keys <= NATIVE_ATTENTION_MAX_KEYS):
+        if self.takes_native_attention(chunks):
             return forward_native_attention(self, chunks, hidden_layers)
         block = KEY_BLOCK if self.row_invariant and self.dtype in (torch.bfloat16, torch.float16) else 1
         num_keys = min(-(-num_keys // block) * block, self.cache.max_model_len)

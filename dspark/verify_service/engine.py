@@ -159,6 +159,7 @@ class Engine:
         self.gate = DraftGate() if config.draft_gate and self.sps is not None else None
         self._last_round: tuple[float, float] | None = None  # perf_counter start and end of the last round
         self._prefill_ms = 0.0  # admission (prefill) time since the last round, kept out of the gate's O
+        self._rider_logits: torch.Tensor | None = None  # the riders' logits of the last round (see _round)
         self.prefix_cache = PrefixCache(config.prefix_cache_mb * 2**20) if config.prefix_cache_mb > 0 else None
         self.waiting: list[Request] = []
         self.running: list[Request] = []  # index i holds the request in cache slot i
@@ -193,8 +194,16 @@ class Engine:
 
     # ---- the step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Admit waiting requests (prefill), then one draft-schedule-verify-commit round."""
+        """Admit waiting requests (prefill), then one draft-schedule-verify-commit round.
+
+        Target-only on the native-attention path: the prompts admitted this step ride in the same forward
+        as the running requests' tokens (`_fused_admission_step`): one pass over the weights, not two."""
         outputs = self._reap_aborted()
+        active = [r for r in self.running if not r.is_finished]
+        if active and self.waiting and self._can_fuse_admission():
+            outputs += self._fused_admission_step(active)
+            self._release_finished()
+            return outputs
         outputs += self._admit()
         active = [r for r in self.running if not r.is_finished]
         if active:
@@ -202,12 +211,61 @@ class Engine:
         self._release_finished()
         return outputs
 
+    def _can_fuse_admission(self) -> bool:
+        """Plain steps only (no drafter, so no gate and no features) and attention that takes any mix of
+        chunk lengths per token (the native path; the bf16 verify path's padded SDPA keeps separate steps)."""
+        return self.drafter is None and self.gate is None and self.runner.native_attention
+
+    def _fused_admission_step(self, active: list[Request]) -> list[RequestOutput]:
+        """Admit what fits in one prefill group and decode `active` in ONE forward. Over HTTP at C = 32 a
+        step was half prefill of arriving requests (py-spy, `docs/results/serve` run 21); as separate
+        forwards each read all weights and paid the per-forward work. New requests get their first token
+        here and their next one at the next step; what any request samples is unchanged (`_sample_plain`
+        per request, its own generator)."""
+        free = self.config.max_num_seqs - len(self.running)
+        group = _prefill_groups(self.waiting[:free])[0] if free > 0 else []
+        if not group:
+            return self._round(active, lambda: DraftOutput(tokens=[[] for _ in active]))
+        if not self.runner.takes_native_attention([SeqChunk(0, 0, r.prompt_ids, 1) for r in group]):
+            outputs = self._admit()  # a long prompt: its own forward (SDPA), as without fusing
+            return outputs + self._round(active, lambda: DraftOutput(tokens=[[] for _ in active]))
+        t0 = time.perf_counter()
+        self.waiting = self.waiting[len(group):]
+        for req in group:
+            req.slot = self.runner.cache.allocate()
+            self.running.append(req)
+        hits = [self.prefix_cache.match(r.prompt_ids) if self.prefix_cache is not None else [] for r in group]
+        start = [len(h) * PREFIX_BLOCK for h in hits]
+        for req, h in zip(group, hits):
+            PrefixCache.load(h, self.runner.cache, req.slot)
+        riders = [SeqChunk(r.slot, s, r.prompt_ids[s:], 1) for r, s in zip(group, start)]
+        outputs = self._round(active, lambda: DraftOutput(tokens=[[] for _ in active]), riders=riders)
+        logits = self._rider_logits
+        self._rider_logits = None
+        for req in group:
+            if self.prefix_cache is not None:
+                self.prefix_cache.store(req.prompt_ids, self.runner.cache, req.slot, None)
+        tokens = self._sample_plain(group, logits)
+        self._note_logprobs(group, logits, [[i] for i in range(len(group))], [[t] for t in tokens])
+        now = time.perf_counter()
+        first = []
+        for req, tok in zip(group, tokens):
+            req.num_cached = len(req.prompt_ids)
+            self.runner.cache.lengths[req.slot] = req.num_cached
+            req.first_token_s = now
+            first.append(self._emit(req, [tok]))
+        self._prefill_ms += (time.perf_counter() - t0) * 1e3
+        return first + outputs
+
     def _round(self, active: list[Request], get_draft: Callable[[], DraftOutput],
-               micro_batch: int = 0, extra_draft_ms: float = 0.0) -> list[RequestOutput]:
+               micro_batch: int = 0, extra_draft_ms: float = 0.0,
+               riders: list[SeqChunk] | None = None) -> list[RequestOutput]:
         """draft (from `get_draft`) → schedule → verify → commit for `active`, timed into `self.stats`.
 
         `extra_draft_ms`: drafting time this round already paid outside `get_draft` (a pipelined
         engine drafts locally at submit time), for the draft gate's cost estimate.
+        `riders`: prompt chunks computed in the verify forward, ahead of the round's own (their logits are
+        left in `self._rider_logits`).
         """
         start_s = time.time()
         t0 = time.perf_counter()
@@ -222,7 +280,7 @@ class Engine:
         t1 = time.perf_counter()
         lengths = self._schedule(active, draft)
         t2 = time.perf_counter()
-        accepted, next_tokens = self._verify(active, draft, lengths)
+        accepted, next_tokens = self._verify(active, draft, lengths, riders)
         t3 = time.perf_counter()
         outputs = self._commit(active, draft, lengths, accepted, next_tokens)
         if self.gate is not None:  # the round's measured time, drafting on the critical path included
@@ -303,11 +361,15 @@ class Engine:
         # never verify past max_tokens: caps depend on request state only, not on draft tokens
         return [max(0, min(n, r.num_remaining - 1)) for n, r in zip(lengths, active)]
 
-    def _verify(self, active: list[Request], draft: DraftOutput,
-                lengths: list[int]) -> tuple[list[int], list[int]]:
+    def _verify(self, active: list[Request], draft: DraftOutput, lengths: list[int],
+                riders: list[SeqChunk] | None = None) -> tuple[list[int], list[int]]:
         chunks = [SeqChunk(r.slot, r.num_cached, [r.token_ids[-1]] + d[:n], n + 1)
                   for r, d, n in zip(active, draft.tokens, lengths)]
-        out = self.runner.forward(chunks, self.hidden_layers)
+        out = self.runner.forward((riders or []) + chunks, self.hidden_layers)
+        if riders:  # plain rounds only (`_can_fuse_admission`): no hidden states to split
+            num_rider_logits = sum(c.num_logits for c in riders)
+            self._rider_logits = out.logits[:num_rider_logits]
+            out = ForwardOutput(out.logits[num_rider_logits:], out.hidden_states)
         num_accepted, next_token = self._accept(active, draft, lengths, out.logits)
         if any(r.params.logprobs is not None for r in active):
             first_row = list(itertools.accumulate((n + 1 for n in lengths), initial=0))
