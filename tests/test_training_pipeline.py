@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 
+import pytest
+import torch
 import yaml
+from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from dspark.cli import app
 from dspark.models.ar_drafter import ARDrafter
 from dspark.models.drafter import make_drafter
 from dspark.models.dspark_drafter import DSparkDrafter
+from dspark.training.pipeline import build_model
 from dspark.training.pipeline_config import PipelineConfig
 from dspark.verify_service.engine import Engine, EngineConfig
 from dspark.verify_service.request import SamplingParams
@@ -52,6 +56,17 @@ def test_pipeline_runs_every_stage_then_skips_them_and_the_drafter_serves(tiny_t
     base = Engine(EngineConfig(target=str(tiny_target_dir), drafter="none", scheduler="fixed", num_draft_tokens=0,
                                max_num_seqs=1, max_model_len=128), target=tiny_target)
     assert spec.generate([prompt], params)[0].output_ids == base.generate([prompt], params)[0].output_ids
+    # continued training (model.init_checkpoint) starts from the exported weights, in a run of its own
+    more = PipelineConfig.model_validate({**cfg, "name": "tiny_more",
+                                          "model": {**cfg["model"], "init_checkpoint": str(tmp_path / "ckpt")}})
+    saved = load_file(str(tmp_path / "ckpt" / "model.safetensors"))
+    start = build_model(more).state_dict()
+    assert set(saved) == set(start) and all(torch.equal(start[k], v) for k, v in saved.items())
+    # a checkpoint of another shape is refused with the reason, not loaded in part
+    other = PipelineConfig.model_validate({**cfg, "model": {**cfg["model"], "markov_rank": 4,
+                                                            "init_checkpoint": str(tmp_path / "ckpt")}})
+    with pytest.raises(ValueError, match="does not fit this run's drafter"):
+        build_model(other)
 
 
 def test_baselines_train_on_one_shared_work_dir_and_serve_by_name(tiny_target_dir, tiny_target, tmp_path):

@@ -92,6 +92,7 @@ def stage_vocab(cfg: PipelineConfig) -> dict:
     counts = token_counts(train)
     eos = _target(cfg).eos_token_ids
     vocab = build_draft_vocab(counts, cfg.model.draft_vocab_size, eos)
+    path.parent.mkdir(parents=True, exist_ok=True)  # a fresh clone: the committed data, no work_dir yet
     info = {"coverage": coverage_table(counts), "num_distinct": len(counts), "num_tokens": sum(counts.values()),
             "draft_vocab_size": len(vocab)}
     path.write_text(json.dumps({**info, "draft_to_target": vocab}))
@@ -138,11 +139,26 @@ def build_model(cfg: PipelineConfig) -> DSparkModel | ARDraftModel:
                             torch.tensor(vocab))
     else:  # mtp1: conditioned on the target's last layer
         model = MTPModel(MTPConfig.from_target(hf_cfg, len(vocab), [hf_cfg.num_hidden_layers]), torch.tensor(vocab))
-    if m.init_from_target:
+    if m.init_checkpoint is not None:
+        model.load_state_dict(_checkpoint_weights(m.init_checkpoint.expanduser(), model))
+        log.info("drafter initialised from %s", m.init_checkpoint)
+    elif m.init_from_target:
         log.info("draft layers initialised from target layers %s", model.init_from_target(target.model))
     model.attach_target(target.model.get_input_embeddings().weight.detach(),
                         target.model.get_output_embeddings().weight.detach())
     return model
+
+
+def _checkpoint_weights(path: Path, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A checkpoint's weights for `model`, checked for kind and shape (its config must match this run's)."""
+    from safetensors.torch import load_file
+
+    weights = load_file(str(path / "model.safetensors"))
+    own = model.state_dict()
+    wrong = sorted(set(weights) ^ set(own)) + [k for k in weights if k in own and weights[k].shape != own[k].shape]
+    if wrong:
+        raise ValueError(f"model.init_checkpoint {path} does not fit this run's drafter: {wrong[:5]}")
+    return weights
 
 
 def stage_train(cfg: PipelineConfig) -> dict:

@@ -57,6 +57,9 @@ class ModelSection(_Strict):
                                             "features, except MTP-1's: the last layer); null: low/mid/high.")
     draft_vocab_size: int = Field(8192, ge=16, description="N most frequent target tokens.")
     init_from_target: bool = Field(False, description="Start the draft layers from the target's top layers.")
+    init_checkpoint: Path | None = Field(None, description="Start from this trained checkpoint folder of the "
+                                         "same drafter kind and shape (continued training with a fresh warm-up "
+                                         "and decay; overrides init_from_target).")
 
 
 class TrainSection(_Strict):
