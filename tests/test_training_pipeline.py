@@ -25,7 +25,7 @@ def test_pipeline_runs_every_stage_then_skips_them_and_the_drafter_serves(tiny_t
         "name": "tiny", "target": str(tiny_target_dir), "work_dir": str(tmp_path / "work"),
         "output": str(tmp_path / "ckpt"),
         "synth": {"num_prompts": 6, "num_stdlib_prompts": 2, "shard_size": 3, "prompt_max_tokens": 12,
-                  "response_max_tokens": 24},
+                  "response_max_tokens": 24, "data_dir": str(tmp_path / "data")},  # as committed data: not in work_dir
         "engine": {"drafter": "none", "scheduler": "fixed", "max_num_seqs": 4, "max_model_len": 256},
         "model": {"num_layers": 1, "block_size": 4, "markov_rank": 8, "draft_vocab_size": 40},
         "train": {"num_steps": 4, "batch_size": 2, "num_anchors": 3, "warmup_steps": 1, "checkpoint_every": 2,
