@@ -167,11 +167,20 @@ def train_curve(
     window: int = typer.Option(50, min=1, help="Steps averaged per point."),
     plot: Path | None = typer.Option(None, help="PNG: τ estimate and loss vs steps, τ vs training tokens."),
     out: Path | None = typer.Option(None, help="Also write the JSON here."),
+    after: Path | None = typer.Option(None, help="The curve JSON of the run this one continued from "
+                                      "(model.init_checkpoint): steps and tokens count on from its end."),
+    forecast_tau: list[float] = typer.Option([2.0, 2.5, 3.0], "--forecast-tau",
+                                             help="τ values to forecast the tokens seen for (log-linear fit)."),
 ) -> None:
-    """A training run's learning curve from its saved history (τ estimated from acceptance); JSON last."""
-    from dspark.training.curve import learning_curve, plot_curve
+    """A training run's learning curve from its saved history (τ estimated from acceptance), and the tokens a
+    target τ would take if the log-linear trend held; JSON last."""
+    from dspark.training.curve import continue_curve, forecast, learning_curve, plot_curve
 
     curve = learning_curve(state.expanduser(), window)
+    if after is not None:
+        curve = continue_curve(curve, json.loads(after.read_text()))
+    if len(curve["points"]) + len(curve.get("previous", [])) >= 4:
+        curve["forecast"] = forecast(curve.get("previous", []) + curve["points"], tuple(forecast_tau))
     if plot:
         curve["plot"] = str(plot_curve(curve, plot))
     _emit(curve, out)

@@ -56,6 +56,18 @@ def test_pipeline_runs_every_stage_then_skips_them_and_the_drafter_serves(tiny_t
     base = Engine(EngineConfig(target=str(tiny_target_dir), drafter="none", scheduler="fixed", num_draft_tokens=0,
                                max_num_seqs=1, max_model_len=128), target=tiny_target)
     assert spec.generate([prompt], params)[0].output_ids == base.generate([prompt], params)[0].output_ids
+    # the run's learning curve from its real training state; drawn again as if a run continued it, with a forecast
+    state = str(tmp_path / "work" / "runs" / "tiny" / "train_state.pt")
+    res = runner.invoke(app, ["train-curve", "--state", state, "--window", "2", "--out", str(tmp_path / "c.json")])
+    curve = json.loads(res.stdout.strip().splitlines()[-1])
+    steps = [p["step"] for p in curve["points"]]
+    assert len(steps) == 3 and steps == sorted(steps) and "forecast" not in curve  # too few points to fit
+    res = runner.invoke(app, ["train-curve", "--state", state, "--window", "2", "--after", str(tmp_path / "c.json"),
+                              "--plot", str(tmp_path / "c.png")])
+    more = json.loads(res.stdout.strip().splitlines()[-1])
+    assert [p["step"] for p in more["points"]] == [s + steps[-1] for s in steps]
+    assert more["previous"] == curve["points"] and "tau_per_doubling" in more["forecast"]
+    assert (tmp_path / "c.png").stat().st_size > 0
     # continued training (model.init_checkpoint) starts from the exported weights, in a run of its own
     more = PipelineConfig.model_validate({**cfg, "name": "tiny_more",
                                           "model": {**cfg["model"], "init_checkpoint": str(tmp_path / "ckpt")}})
