@@ -109,3 +109,16 @@ def test_central_capacity_reports_the_last_table_that_held_drafts():
     assert cap.last_survival == drafted
     assert ClusterScheduler().report(WorkerLoad("w", 2, 0, 8, 3, 70.0, 2.0, cap.last_survival,
                                                 SPS.to_dict())).capacity > 0
+
+
+def test_central_capacity_forgets_k_and_table_when_the_worker_re_pairs():
+    # an unpaired worker reports no drafts, so the scheduler answers K = 0; once paired, that K must not
+    # cut the new drafter's proposals to length 0 until the scheduler has seen a report made with it
+    cap = CentralCapacity()
+    cap.set_capacity(0)
+    cap.schedule([[0.9, 0.5]], SPS)
+    assert cap.schedule([[0.9, 0.5]], SPS) == [0]
+    cap.reset()
+    assert cap.capacity is None and cap.last_survival == []
+    assert sum(cap.schedule([[0.9, 0.5]], SPS)) >= 1  # local Algorithm 1 until the next K
+    assert cap.num_fallback_steps == 1

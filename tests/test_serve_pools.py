@@ -55,7 +55,7 @@ def test_pools_are_serve_deployments_that_pair_and_serve_losslessly(server, prom
         assert "replicas" in sched, sched
         verify = sched["replicas"]["verify"].values()
         # both verify replicas have announced themselves (heartbeats), one of them paired and switched
-        if len(verify) == 2 and any(v.get("draft_broken") is False for v in verify):
+        if len(verify) == 2 and any(v.get("draft_broken") is False and v.get("draft_partner") for v in verify):
             break
         assert time.monotonic() < deadline, f"no verify replica paired with the draft replica: {sched['replicas']}"
         time.sleep(1)

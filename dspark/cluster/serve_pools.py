@@ -92,10 +92,6 @@ class VerifyReplica(VerifyWorker):
         super().__init__(rid, config)
         self.draft_pool = draft_pool
         self._timings: deque[tuple[float, float]] = deque(maxlen=256)  # (ttft_s, tpot_s) of finished requests
-        self.heartbeat = _Heartbeat(config, "verify", rid, lambda: {
-            "draft_partner": self.draft_worker, "pid": os.getpid(), "num_running": len(self.engine.running),
-            "num_waiting": len(self.engine.waiting), "draft_broken": self.pair_state()["draft_broken"],
-            "contexts_rebuilt": self.rebuilt["positions"], "rebuild_ms": round(self.rebuilt["ms"], 1)})
         if config.mode == "decoupled":
             # target-only until paired: the drafter's feature taps are known now, so features flow from the start
             target = self.engine.target
@@ -103,6 +99,12 @@ class VerifyReplica(VerifyWorker):
                                  "hidden_layers", ()))
             self.engine.set_drafter(RemoteDrafter.unpaired(taps, name=config.drafter))
             self._taps = list(taps)
+        # the first heartbeat comes after the unpaired drafter is in place: never "paired" before it is
+        self.heartbeat = _Heartbeat(config, "verify", rid, lambda: {
+            "draft_partner": self.draft_worker, "pid": os.getpid(), "num_running": len(self.engine.running),
+            "num_waiting": len(self.engine.waiting), "draft_broken": self.pair_state()["draft_broken"],
+            "contexts_rebuilt": self.rebuilt["positions"], "rebuild_ms": round(self.rebuilt["ms"], 1)})
+        if config.mode == "decoupled":
             self._start()
             threading.Thread(target=self._pair_loop, name="dspark-pairing", daemon=True).start()
 

@@ -29,6 +29,11 @@ class CentralCapacity:
     def set_capacity(self, capacity: int) -> None:
         self.capacity, self.age_steps = max(0, int(capacity)), 0
 
+    def reset(self) -> None:
+        """Forget K and the survival table: they describe a drafter this worker no longer has (it re-paired).
+        Local Algorithm 1 until the scheduler answers a report made with the new one."""
+        self.capacity, self.age_steps, self.last_survival = None, 0, []
+
     @property
     def is_fresh(self) -> bool:
         return self.capacity is not None and self.age_steps <= self.max_age_steps

@@ -247,13 +247,7 @@ class Engine:
                 self.prefix_cache.store(req.prompt_ids, self.runner.cache, req.slot, None)
         tokens = self._sample_plain(group, logits)
         self._note_logprobs(group, logits, [[i] for i in range(len(group))], [[t] for t in tokens])
-        now = time.perf_counter()
-        first = []
-        for req, tok in zip(group, tokens):
-            req.num_cached = len(req.prompt_ids)
-            self.runner.cache.lengths[req.slot] = req.num_cached
-            req.first_token_s = now
-            first.append(self._emit(req, [tok]))
+        first = self._first_tokens(group, tokens)
         self._prefill_ms += (time.perf_counter() - t0) * 1e3
         return first + outputs
 
@@ -327,14 +321,19 @@ class Engine:
             tokens = self._sample_plain(group, out.logits)
             self._note_logprobs(group, out.logits, [[i] for i in range(len(group))], [[t] for t in tokens])
             first += tokens
-        outputs = []
+        outputs = self._first_tokens(new, first)
+        self._prefill_ms += (time.perf_counter() - t0) * 1e3
+        return outputs
+
+    def _first_tokens(self, reqs: list[Request], tokens: list[int]) -> list[RequestOutput]:
+        """Prefilled requests: their whole prompt is cached now; emit each one's first token."""
         now = time.perf_counter()
-        for req, tok in zip(new, first):
+        outputs = []
+        for req, tok in zip(reqs, tokens):
             req.num_cached = len(req.prompt_ids)
             self.runner.cache.lengths[req.slot] = req.num_cached
             req.first_token_s = now
             outputs.append(self._emit(req, [tok]))
-        self._prefill_ms += (time.perf_counter() - t0) * 1e3
         return outputs
 
     def _draft(self, active: list[Request]) -> DraftOutput:

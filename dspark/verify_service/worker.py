@@ -60,6 +60,7 @@ class VerifyWorker:
         self.channel: GlooChannel | RayChannel | None = None
         self._pending_channel: tuple[str, int] | None = None
         self._reconnect: tuple[str, GlooChannel] | None = None
+        self._paired_at_step = -1  # K decided from reports up to this step describe a drafter since replaced
         self.rebuilt = {"positions": 0, "ms": 0.0}  # draft contexts recomputed for re-paired draft workers
         self._sent_profile = False
         self.async_engine: AsyncEngine | None = None
@@ -107,6 +108,9 @@ class VerifyWorker:
         drafter = self.engine.drafter
         if isinstance(drafter, RemoteDrafter):
             drafter.reconnect(channel)
+        if self.capacity is not None:  # a K set while unpaired (0: no drafts) must not hold back the new drafter
+            self.capacity.reset()
+            self._paired_at_step = self.engine.num_steps
         t0 = time.perf_counter()
         n = self.engine.rebuild_draft_contexts()  # the new peer starts empty: give it the running contexts
         ms = (time.perf_counter() - t0) * 1e3
@@ -150,7 +154,7 @@ class VerifyWorker:
         self._apply_reconnect()
         self.engine_metrics.after_step(self.engine)
         decision = self.scheduler_client.poll()
-        if decision is not None and self.capacity is not None:
+        if decision is not None and self.capacity is not None and decision.based_on_step > self._paired_at_step:
             self.capacity.set_capacity(decision.capacity)
         if not self.scheduler_client.is_waiting:
             self.scheduler_client.report(self.load())
