@@ -73,3 +73,28 @@ def test_a_draining_draft_replicas_partners_move_where_there_is_room() -> None:
     leaving = next(v for v, d in reg.partner.items() if d == "d2")
     assert reg.rebalance(leaving, max_partners=1, now_s=1.0) is None  # 1 per draft replica: no room on d1
     assert reg.rebalance(leaving, max_partners=2, now_s=1.0) == "d1"
+
+
+def test_a_verify_replica_whose_partner_is_gone_moves_to_a_live_one() -> None:
+    # a draft replica scaled away: its idle verify partner's link has not failed yet (it notices at its next
+    # send), so the scheduler tells it to move at its next rebalance
+    reg = Registry(ttl_s=10.0, started_s=0.0)
+    for rid in ("d1", "d2"):
+        reg.heartbeat("draft", rid, now_s=0.0)
+    reg.heartbeat("verify", "v1", now_s=0.0)
+    reg.heartbeat("verify", "v2", now_s=0.0)
+    assert reg.assign_draft("v1", max_partners=2, now_s=0.0) == "d1"
+    assert reg.assign_draft("v2", max_partners=2, now_s=0.0) == "d2"
+    for pool, rid in (("draft", "d1"), ("draft", "d2"), ("verify", "v1"), ("verify", "v2")):
+        reg.heartbeat(pool, rid, now_s=10.0)
+    assert reg.rebalance("v2", max_partners=2, now_s=11.0) is None  # d2 is not gone yet, nothing to even out
+    reg.leave("d2")
+    assert reg.rebalance("v1", max_partners=2, now_s=11.0) is None  # v1's partner lives
+    assert reg.rebalance("v2", max_partners=2, now_s=11.0) == "d1"
+    assert reg.partner == {"v1": "d1", "v2": "d1"}
+    # just after a scheduler restart, a partner it has not heard from yet is not taken for gone
+    fresh = Registry(ttl_s=10.0, started_s=100.0)
+    fresh.heartbeat("draft", "d1", now_s=101.0)
+    fresh.heartbeat("verify", "v2", {"draft_partner": "d2"}, now_s=101.0)
+    assert fresh.rebalance("v2", max_partners=2, now_s=102.0) is None
+    assert fresh.rebalance("v2", max_partners=2, now_s=111.0) == "d1"

@@ -28,8 +28,9 @@ class Member:
 
 
 class Registry:
-    def __init__(self, ttl_s: float = 15.0, partner_stale_s: float = 5.0) -> None:
+    def __init__(self, ttl_s: float = 15.0, partner_stale_s: float = 5.0, started_s: float | None = None) -> None:
         self.ttl_s, self.partner_stale_s = ttl_s, partner_stale_s
+        self.started_s = time.time() if started_s is None else started_s
         self.members: dict[str, Member] = {}
         self.partner: dict[str, str] = {}  # verify replica -> its draft replica
 
@@ -85,19 +86,26 @@ class Registry:
         return counts
 
     def rebalance(self, verify_id: str, max_partners: int = 1, now_s: float | None = None) -> str | None:
-        """A draft replica `verify_id` should move to, or None to stay. It moves when its partner drains,
-        or when its partner carries at least two more verify replicas than the least loaded live draft
-        replica and it is the last (by id) of its partner's verify replicas, so one moves per pass."""
+        """A draft replica `verify_id` should move to, or None to stay. It moves when its partner drains or
+        is gone (left, or silent for `ttl_s`: scaled away while the link has not failed yet, because an idle
+        verify replica only notices at its next send), or when its partner carries at least two more
+        verify replicas than the least loaded live draft replica and it is the last (by id) of its
+        partner's verify replicas, so one moves per pass."""
         now_s = time.time() if now_s is None else now_s
         current = self.partner.get(verify_id)
-        if current is None or current not in self.members:
+        if current is None:
             return None  # unpaired: assign_draft's business
-        drafts = self.live("draft", now_s)  # not draining
+        drafts = self.live("draft", now_s)  # not draining; drops members silent for ttl_s
         counts = self._partner_counts(drafts, now_s)
         targets = [d for d in drafts if d != current and counts[d] < max_partners]
         if not targets:
             return None
         best = min(targets, key=lambda d: (counts[d], d))
+        if current not in self.members:
+            if now_s - self.started_s < self.ttl_s:
+                return None  # a restarted scheduler has not heard from every live replica yet
+            self.partner[verify_id] = best
+            return best
         draining = self.members[current].is_draining
         mine = sorted(v for v, d in self.partner.items() if d == current and v in self.members)
         if draining or (counts.get(current, 0) - counts[best] >= 2 and mine and mine[-1] == verify_id):

@@ -22,9 +22,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from dspark.models.ar_config import ARDraftConfig
+from dspark.models.draft_gemm import DraftGemm, GemmPlanned, Sources, attach_gemm, layer_sources, same
 from dspark.models.draft_sampling import sample_draft_token
 from dspark.models.dspark import DSparkTrainOutput
-from dspark.models.gemm_plan import wx_linear
 from dspark.models.target_tied import TargetTiedMixin
 
 
@@ -44,7 +44,7 @@ class ARDraftBlock:
     new_kv: torch.Tensor  # (2, R, Hkv, P, hd) K (RoPE'd) and V of the pending real positions (padded to P)
 
 
-class _CausalLayer(nn.Module):
+class _CausalLayer(GemmPlanned, nn.Module):
     """Pre-norm attention + SwiGLU MLP over [past K/V ; own K/V]; returns its own K/V for caching."""
 
     def __init__(self, cfg: ARDraftConfig) -> None:
@@ -65,17 +65,17 @@ class _CausalLayer(nn.Module):
         Returns the output (B, Q, D) and this call's K (RoPE'd), V, each (B, Hkv, Q, hd).
         """
         h = self.input_norm(x)
-        qkv = F.linear(h, self.qkv_proj.weight).unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
+        qkv = self._linear("qkv", h, self.qkv_proj.weight).unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
         q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         keys, values = (k, v) if past_k is None else (torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2))
         attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)  # (B, H, Q, hd)
-        x = x + F.linear(attn.transpose(1, 2).flatten(2), self.o_proj.weight)
-        gate, up = F.linear(self.post_norm(x), self.gate_up_proj.weight).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, self.down_proj.weight), k, v
+        x = x + self._linear("o", attn.transpose(1, 2).flatten(2), self.o_proj.weight)
+        gate, up = self._linear("gate_up", self.post_norm(x), self.gate_up_proj.weight).chunk(2, dim=-1)
+        return x + self._linear("down", F.silu(gate) * up, self.down_proj.weight), k, v
 
 
-class ARDraftModel(TargetTiedMixin, nn.Module):
+class ARDraftModel(GemmPlanned, TargetTiedMixin, nn.Module):
     """Trainable part of a one-layer autoregressive drafter; subclasses define `encode_features`."""
 
     config_class: ClassVar[type[ARDraftConfig]] = ARDraftConfig
@@ -111,6 +111,10 @@ class ARDraftModel(TargetTiedMixin, nn.Module):
     def encode_features(self, features: torch.Tensor) -> torch.Tensor:
         """Observed target features (..., taps*D_t) -> drafter feature (..., D)."""
         raise NotImplementedError
+
+    def _feature_encoder_sources(self) -> Sources:
+        """The feature encoder's weights for the inference GEMM plan (none by default)."""
+        return {}
 
     @torch.no_grad()
     def _init_feature_encoder_from_target(self) -> None:
@@ -152,7 +156,7 @@ class ARDraftModel(TargetTiedMixin, nn.Module):
     def _input(self, feature: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
         """feature (..., D) drafter feature, token_ids (...,) target ids -> layer input (..., D)."""
         emb = self.embed_norm(self.target_embed[token_ids])
-        return F.linear(torch.cat([emb, self.feature_norm(feature)], dim=-1), self.in_proj.weight)
+        return self._linear("in_proj", torch.cat([emb, self.feature_norm(feature)], dim=-1), self.in_proj.weight)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Layer output (..., D) -> draft-vocab logits (..., N)."""
@@ -209,6 +213,14 @@ class ARDraftModel(TargetTiedMixin, nn.Module):
             draft_labels=torch.where(is_in_vocab, draft_labels, 0), is_label_in_draft_vocab=is_in_vocab)
 
     # ---- inference -----------------------------------------------------------------------------------
+    def plan_gemm(self, cache_root: Path | None) -> DraftGemm:
+        """Run this model's GEMMs at inference on the kernels measured fastest here (see draft_gemm.py).
+        Forwards with autograd on (training) keep F.linear; call after `attach_target` and `.to(device)`."""
+        self._check_attached()
+        sources: Sources = {"head": (lambda: self.draft_lm_head, same), "in_proj": (lambda: self.in_proj.weight, same),
+                            **layer_sources("layer", self.layer), **self._feature_encoder_sources()}
+        return attach_gemm(self, sources, cache_root)
+
     @torch.no_grad()
     def draft(self, past_kv: torch.Tensor | None, past_lens: torch.Tensor, pending_features: torch.Tensor,
               pending_ids: torch.Tensor, pending_lens: torch.Tensor, temperatures: torch.Tensor | None = None,
@@ -258,8 +270,7 @@ class ARDraftModel(TargetTiedMixin, nn.Module):
                                                  sees[:, None, None])
                 hidden = out[:, 0]
                 keys_k, keys_v = torch.cat([keys_k, k_step], dim=2), torch.cat([keys_v, v_step], dim=2)
-            # weight-left matmul: for a few rows of the (N, D) head it beats F.linear on CPU (see runner)
-            logit = wx_linear(self.norm(hidden), self.draft_lm_head)  # (R, N)
+            logit = self._head(self.norm(hidden), self.draft_lm_head)  # (R, N)
             if is_sampled:
                 tok, p = sample_draft_token(logit, is_greedy, inv_temp, uniforms[:, step:step + 1])
                 probs.append(p)

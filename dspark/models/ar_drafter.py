@@ -16,7 +16,7 @@ import torch
 
 from dspark.models.ar_draft import ARDraftModel
 from dspark.models.drafter import DraftOutput, DraftRequest
-from dspark.models.target import TargetModel
+from dspark.models.target import TargetModel, cache_dir
 
 
 class _RequestState:
@@ -52,6 +52,8 @@ class ARDrafter:
         self.name = name or model.config.model_type
         hf = target.model
         self.model.attach_target(hf.get_input_embeddings().weight, hf.get_output_embeddings().weight)
+        if self.device.type == "cpu":  # few rows per GEMM: the kernels measured fastest here (draft_gemm.py)
+            self.model.plan_gemm(cache_dir())
         self.hidden_layers: tuple[int, ...] = tuple(model.config.target_layers)
         self.block_size = model.config.block_size
         self.generator = torch.Generator(device=self.device).manual_seed(seed)

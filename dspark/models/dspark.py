@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from dspark.models.draft_gemm import DraftGemm, GemmPlanned, Sources, attach_gemm, layer_sources, same
 from dspark.models.dspark_config import DSparkConfig
-from dspark.models.gemm_plan import wx_linear
 from dspark.models.target_tied import TargetTiedMixin
 
 
@@ -51,7 +51,7 @@ class DraftBlock:
     confidences: torch.Tensor | None  # (R, k) σ(logit / T_k) with STS temperatures applied
 
 
-class _DecoderLayer(nn.Module):
+class _DecoderLayer(GemmPlanned, nn.Module):
     """Pre-norm attention + SwiGLU MLP whose keys/values are [projected context ; block]."""
 
     def __init__(self, cfg: DSparkConfig) -> None:
@@ -67,7 +67,7 @@ class _DecoderLayer(nn.Module):
 
     def context_kv(self, ctx: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """ctx (..., n, D) normed context hidden -> K (with RoPE), V each (..., Hkv, n, hd)."""
-        kv = F.linear(ctx, self.qkv_proj.weight[self.num_heads * self.head_dim:])
+        kv = self._linear("kv", ctx, self.qkv_proj.weight[self.num_heads * self.head_dim:])
         kv = kv.unflatten(-1, (2 * self.num_kv_heads, self.head_dim)).transpose(-2, -3)  # (..., 2Hkv, n, hd)
         k, v = kv.split(self.num_kv_heads, dim=-3)
         return _rotate(k, cos, sin), v
@@ -76,17 +76,17 @@ class _DecoderLayer(nn.Module):
                 ctx_v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """x (B, Q, D) block hidden; cos/sin (B, 1, Q, hd); ctx_k/v (B, Hkv, L, hd); mask (B, 1, Q, L+Q)."""
         h = self.input_norm(x)
-        qkv = F.linear(h, self.qkv_proj.weight).unflatten(-1, (-1, self.head_dim)).transpose(1, 2)  # (B, H+2Hkv, Q, hd)
+        qkv = self._linear("qkv", h, self.qkv_proj.weight).unflatten(-1, (-1, self.head_dim)).transpose(1, 2)
         q, k, v = qkv.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         k, v = torch.cat([ctx_k, k], dim=2), torch.cat([ctx_v, v], dim=2)  # (B, Hkv, L+Q, hd)
         attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)  # (B, H, Q, hd)
-        x = x + F.linear(attn.transpose(1, 2).flatten(2), self.o_proj.weight)
-        gate, up = F.linear(self.post_norm(x), self.gate_up_proj.weight).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, self.down_proj.weight)
+        x = x + self._linear("o", attn.transpose(1, 2).flatten(2), self.o_proj.weight)
+        gate, up = self._linear("gate_up", self.post_norm(x), self.gate_up_proj.weight).chunk(2, dim=-1)
+        return x + self._linear("down", F.silu(gate) * up, self.down_proj.weight)
 
 
-class DSparkModel(TargetTiedMixin, nn.Module):
+class DSparkModel(GemmPlanned, TargetTiedMixin, nn.Module):
     """The DSpark drafter's trainable part; call `attach_target` before any forward."""
 
     def __init__(self, config: DSparkConfig, draft_to_target: torch.Tensor | None = None) -> None:
@@ -193,9 +193,22 @@ class DSparkModel(TargetTiedMixin, nn.Module):
         return torch.sigmoid(confidence_logits / t)
 
     # ---- backbone ------------------------------------------------------------------------------------
+    def plan_gemm(self, cache_root: Path | None) -> DraftGemm:
+        """Run this model's GEMMs at inference on the kernels measured fastest here (see draft_gemm.py).
+        Forwards with autograd on (training) keep F.linear; call after `attach_target` and `.to(device)`."""
+        self._check_attached()
+        sources: Sources = {"head": (lambda: self.draft_lm_head, same), "fc": (lambda: self.fc.weight, same)}
+        if self.has_prev_embedding:
+            sources["transition"] = (lambda: self.transition, lambda t: t.t())
+        for i, layer in enumerate(self.layers):
+            kv_rows = layer.num_heads * layer.head_dim
+            sources.update(layer_sources(f"layers.{i}", layer))
+            sources[f"layers.{i}.kv"] = (lambda ly=layer: ly.qkv_proj.weight, lambda t, n=kv_rows: t[n:])
+        return attach_gemm(self, sources, cache_root)
+
     def encode_context(self, features: torch.Tensor) -> torch.Tensor:
         """Target features (..., taps*D_t) -> context hidden (..., D)."""
-        return self.context_norm(F.linear(features.to(self.fc.weight.dtype), self.fc.weight))
+        return self.context_norm(self._linear("fc", features.to(self.fc.weight.dtype), self.fc.weight))
 
     def context_kv(self, features: torch.Tensor, start_pos: int) -> torch.Tensor:
         """Features (n, taps*D_t) of positions start_pos.. -> (num_layers, 2, Hkv, n, hd) K (RoPE'd) and V."""
@@ -289,8 +302,7 @@ class DSparkModel(TargetTiedMixin, nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, context_kv[i, 0], context_kv[i, 1], mask)
         h = self.norm(x[:, :k_out])  # (R, k, D)
-        # weight-left matmul: for a few rows of the (N, D) head it beats F.linear ~1.5x on CPU (see runner)
-        base = wx_linear(h.flatten(0, 1), self.draft_lm_head).view(num_req, k_out, -1)  # (R, k, N)
+        base = self._head(h.flatten(0, 1), self.draft_lm_head).view(num_req, k_out, -1)  # (R, k, N)
         is_sampled = temperatures is not None  # decided by the caller on the host: no sync here
         if is_sampled:
             is_greedy = (temperatures <= 0)[:, None]  # (R, 1)
@@ -303,7 +315,7 @@ class DSparkModel(TargetTiedMixin, nn.Module):
             e = self._prev_embed(prev)
             logit = base[:, k]
             if self.config.head_type == "markov":
-                logit = logit + e @ self.transition
+                logit = logit + (e @ self.transition if self.gemm is None else self.gemm("transition", e))
             elif state is not None:
                 state, bias = self._rnn_step(state, e, h[:, k])
                 logit = logit + bias

@@ -17,7 +17,7 @@ import torch
 
 from dspark.models.drafter import DraftOutput, DraftRequest
 from dspark.models.dspark import DSparkModel
-from dspark.models.target import TargetModel
+from dspark.models.target import TargetModel, cache_dir
 
 _MAX_PENDING_ROWS = 256
 
@@ -55,6 +55,8 @@ class DSparkDrafter:
         self.model = model.to(self.device).eval()
         hf = target.model
         self.model.attach_target(hf.get_input_embeddings().weight, hf.get_output_embeddings().weight)
+        if self.device.type == "cpu":  # few rows per GEMM: the kernels measured fastest here (draft_gemm.py)
+            self.model.plan_gemm(cache_dir())
         self.hidden_layers: tuple[int, ...] = tuple(model.config.target_layers)
         self.block_size = model.config.block_size
         self.generator = torch.Generator(device=self.device).manual_seed(seed)

@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dspark.models.ar_config import ARDraftConfig
 from dspark.models.ar_draft import ARDraftModel
+from dspark.models.draft_gemm import Sources, same
 from dspark.models.eagle3_config import Eagle3Config
 
 
@@ -28,7 +28,10 @@ class Eagle3Model(ARDraftModel):
 
     def encode_features(self, features: torch.Tensor) -> torch.Tensor:
         """Concatenated low/mid/high features (..., taps*D_t) -> fused feature (..., D)."""
-        return F.linear(features.to(self.fc.weight.dtype), self.fc.weight)
+        return self._linear("fc", features.to(self.fc.weight.dtype), self.fc.weight)
+
+    def _feature_encoder_sources(self) -> Sources:
+        return {"fc": (lambda: self.fc.weight, same)}
 
     @torch.no_grad()
     def _init_feature_encoder_from_target(self) -> None:
