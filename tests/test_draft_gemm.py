@@ -9,16 +9,8 @@ import torch
 from dspark.models.draft_gemm import DraftGemm
 from dspark.models.dspark import DSparkModel
 from dspark.models.gemm_plan import GemmPlan, available_kernels
-from tests.test_dspark_model import make_model, random_batch
+from tests.test_dspark_model import make_model, one_thread, random_batch  # noqa: F401 - one_thread: autouse
 from tests.tiny_drafters import make_ar
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    num_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(num_threads)
 
 
 def _draft(model: DSparkModel, features: torch.Tensor, token_ids: torch.Tensor, anchor: int):  # noqa: ANN202

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dspark.models.gemm_plan import GemmPlan, PlannedLinear, plan_for
+from dspark.models.gemm_plan import GemmPlan, PlannedLinear, plan_for, wx_linear
 
 HEAD = "head"
 Sources = dict[str, tuple[Callable[[], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]]
@@ -84,8 +84,6 @@ class GemmPlanned:
     def _head(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """x @ the draft LM headᵀ: the planned kernel, or W @ xᵀ (faster than F.linear for few rows)."""
         if self.gemm is None or torch.is_grad_enabled():
-            from dspark.models.gemm_plan import wx_linear
-
             return wx_linear(x, weight)
         return self.gemm(HEAD, x)
 

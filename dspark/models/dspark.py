@@ -315,7 +315,7 @@ class DSparkModel(GemmPlanned, TargetTiedMixin, nn.Module):
             e = self._prev_embed(prev)
             logit = base[:, k]
             if self.config.head_type == "markov":
-                logit = logit + (e @ self.transition if self.gemm is None else self.gemm("transition", e))
+                logit = logit + self._linear("transition", e, self.transition.t())  # e @ W2
             elif state is not None:
                 state, bias = self._rnn_step(state, e, h[:, k])
                 logit = logit + bias
