@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 serve: $(STAMP) haproxy
+	# the first start's work (target conversion, native kernels, dtype, GEMM plans, SPS profile), once per
+	# machine, before the cluster: the replicas then start from a warm cache (dspark/cluster/prepare.py)
+	$(BIN)/dspark prepare --config configs/serve.yaml
 	# the front door: HAProxy in front of the ingress replicas' own HTTP servers when it is installed
 	# (dspark/cluster/front_door.py; DSPARK_FRONT_DOOR=proxy keeps Serve's proxy)
 	env $$($(BIN)/python -m dspark.cluster.front_door) $(BIN)/serve run configs/serve.yaml

@@ -647,6 +647,25 @@ def dashboard_push(url: str = typer.Option(..., help="Grafana base URL, e.g. htt
     typer.echo(json.dumps({"pushed": urls}))
 
 
+# ---- prepare: the first start's work, before the cluster starts (issue 27) ---------------------------
+@app.command()
+def prepare(config: Path = typer.Option(Path("configs/serve.yaml"), help="The Serve config whose arms to "
+                                        "prepare (target, dtype, drafter of each)."),
+            verbose: bool = typer.Option(False, help="Log each step's details.")) -> None:
+    """Convert the target, build the native kernels, measure the dtype, GEMM plans and SPS profile of every
+    arm of a serve config, once per machine, into the cache (`make serve` runs it before `serve run`)."""
+    from dspark.cluster.prepare import prepare as run_prepare
+    from dspark.models.cache_once import PrepareError
+
+    _setup(None, verbose)
+    try:
+        res = run_prepare(config)
+    except (PrepareError, OSError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(json.dumps(res))
+
+
 def _emit(res: dict, out: Path | None, echo: bool = True) -> None:
     line = json.dumps(res)
     if out:

@@ -3,7 +3,8 @@
 The app talks to any engine with an AsyncEngine-shaped `generate()` and a `tokenizer`, fetched per
 request through `get_engine`, so a distributed engine can replace the in-process one unchanged.
 Client mistakes are always 4xx with an OpenAI-style `{"error": {...}}` body; a dead engine is a 503
-with `Retry-After`, overload a 429 with `Retry-After` (see `admission.py`). Every request has an id
+with `Retry-After`, overload a 429 with `Retry-After` (see `admission.py`), and so is a pool still warming up:
+`/v1/models` and `/health` answer 200 only when a chat would be answered (`readiness.py`). Every request has an id
 (`x-request-id`); what went wrong inside is logged under it, and error bodies carry only the id, never
 a traceback, an address or a path. Bearer keys guard every route (`access.py`); the operator routes
 (`/v1/dspark/stats`) need an admin key.
@@ -53,6 +54,7 @@ from dspark.cluster.api_models import (
     new_id,
 )
 from dspark.cluster.metrics import Metrics
+from dspark.cluster.readiness import RETRY_AFTER_S
 from dspark.spec.logprobs import TokenLogprob
 from dspark.verify_service.async_engine import EngineDeadError
 from dspark.verify_service.request import RequestOutput, SamplingParams
@@ -388,6 +390,18 @@ def _encode_chat(tokenizer: Any, body: ChatCompletionRequest) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+async def _is_ready(engine: GenerateEngine) -> bool:
+    """An engine that can be warming (the Serve pools') says whether it would answer now; others always would."""
+    probe = getattr(engine, "is_ready", None)
+    return True if probe is None else bool(await probe())
+
+
+def _warming_up() -> ApiError:
+    return ApiError(503, "the model is warming up (loading on its workers); retry shortly",
+                    type_="service_unavailable_error", code="warming_up",
+                    headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
 def _encode_prompt(tokenizer: Any, body: CompletionRequest) -> list[int]:
     if isinstance(body.prompt, str):
         return tokenizer(body.prompt)["input_ids"]
@@ -442,6 +456,9 @@ def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str, key
         client gone) gives it back."""
         check_model(body.model)
         arm = pick_arm(body, request)
+        engine = arm_engines[arm]() if arm_engines else get_engine()
+        if not await _is_ready(engine):  # warming up: say when to come back, queue nothing
+            raise _warming_up()
         adm = admission.get(arm) if isinstance(admission, dict) else admission  # a bounded queue per arm
         if adm is not None and not adm.try_enter():
             raise ApiError(429, "the server is at capacity; retry later", type_="rate_limit_error",
@@ -449,7 +466,6 @@ def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str, key
         record = _RequestRecord(arm, _request_id(request), time.time(), time.perf_counter(), log_file,
                                 metrics.get(arm) if metrics else None)
         try:
-            engine = arm_engines[arm]() if arm_engines else get_engine()
             prompt_ids = encode(engine.tokenizer, body)
             stream = TextStream(engine.tokenizer, body.stop_list())
             gen, first = await _start(engine, prompt_ids, body.sampling_params())
@@ -461,11 +477,18 @@ def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str, key
         record.num_prompt_tokens = len(prompt_ids)
         return prompt_ids, stream, _released(gen, adm), first, record
 
-    @app.get("/health")
-    async def health() -> dict[str, str]:
+    async def check_ready() -> None:
+        """503 unless every arm would answer a chat now (the engine loop runs, the pool answered its probe)."""
         engines = [f() for f in arm_engines.values()] if arm_engines else [get_engine()]
         if not all(e.is_alive for e in engines):
-            raise ApiError(503, "engine loop is not running", code="engine_dead")
+            raise ApiError(503, "engine loop is not running", type_="service_unavailable_error", code="engine_dead",
+                           headers={"Retry-After": "5"})
+        if not all(await asyncio.gather(*(_is_ready(e) for e in engines))):
+            raise _warming_up()
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        await check_ready()
         return {"status": "ok"}
 
     @app.get("/v1/dspark/stats")
@@ -483,6 +506,7 @@ def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str, key
 
     @app.get("/v1/models")
     async def models() -> ModelList:
+        await check_ready()  # listed = servable: a client that sees the model can use it
         return ModelList(data=[ModelCard(id=model_name, created=started)])
 
     @app.post("/v1/completions", response_model=None)

@@ -42,6 +42,8 @@ class PlacementRouter(_LeastLoaded):
         if pending_request is None or not candidate_replicas:
             return [candidate_replicas]
         pending_request.routing_context.should_backoff = True
+        if pending_request.metadata.call_method != "generate":  # a probe or a stats call: nothing to place
+            return self._least_loaded(candidate_replicas)
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         try:
             if self._scheduler is None:

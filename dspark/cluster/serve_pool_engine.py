@@ -3,7 +3,8 @@
 Each request is a streaming call on the verify deployment's handle; `PlacementRouter` puts it on the
 replica the SchedulerActor places it on. A replica that dies (or is killed) mid-stream: the request resumes
 on another from its committed tokens (resume.py). Input is validated here, so a bad request is a 400
-without a round trip.
+without a round trip. `is_ready`: whether the pool would answer now (readiness.py), so the HTTP front
+answers 503 + Retry-After while the pool warms up instead of queueing or failing.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import ray
 from transformers import AutoConfig, AutoTokenizer
 
 from dspark.cluster.config import ServeAppConfig
+from dspark.cluster.readiness import ReadinessProbe
 from dspark.cluster.resume import OpenedStream, resuming_stream
 from dspark.cluster.serve_pools import NAMESPACE, scheduler_name
 from dspark.models.target import resolve_target_path
@@ -32,6 +34,7 @@ class ServePoolEngine:
         self._tokenizer = AutoTokenizer.from_pretrained(path)
         self.vocab_size = AutoConfig.from_pretrained(path).vocab_size
         self.verify_pool = verify_pool.options(stream=True)
+        self.readiness = ReadinessProbe(lambda: self._probe(verify_pool))
         self.num_resumed = 0
         metrics = config.metrics("ingress", "ingress")
         metrics.refresh_every(self._pool_gauges(metrics), interval_s=5.0)
@@ -60,6 +63,19 @@ class ServePoolEngine:
     @property
     def is_alive(self) -> bool:
         return True  # the replicas' health is Serve's: a dead one is replaced, its requests resumed
+
+    async def is_ready(self) -> bool:
+        """Whether a request would be answered now: a live verify replica answered the readiness probe."""
+        return await self.readiness.is_ready()
+
+    @staticmethod
+    async def _probe(verify_pool: Any) -> None:
+        response = verify_pool.ready_probe.remote()
+        try:
+            await response
+        except BaseException:
+            response.cancel()  # no replica to take it yet: do not leave it queued in the router
+            raise
 
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
         validate_request(prompt_ids, params, self.config.num_draft_tokens, self.config.max_model_len,

@@ -3,6 +3,10 @@ them like any deployment; `serve status` lists them as `<arm>-verify` and `<arm>
 
 - Every replica announces itself to the arm's SchedulerActor with a heartbeat (registry.py) and leaves
   when Serve stops it, after Serve has drained its streams (`graceful_shutdown_timeout_s`).
+- A replica is up (and healthy) only once it can answer: its constructor loads the target and everything it
+  needs (prepared once per machine: `dspark prepare`, `models/cache_once.py`), and its engine steps before
+  it returns; the ingress probes it (`ready_probe`, readiness.py) before it calls itself ready. A replica
+  that cannot start fails with one line naming the cause and the fix.
 - A verify replica serves at once, target-only; in decoupled mode it asks the scheduler for a free draft
   replica, pairs with it over gloo (the call reaches that replica through `PinnedRouter`) and switches to
   it between two steps. When the draft replica dies or is scaled away it goes back to target-only
@@ -33,6 +37,7 @@ from dspark.actors.transport import GlooChannel
 from dspark.cluster.config import ServeAppConfig
 from dspark.draft_service.client import RemoteDrafter
 from dspark.draft_service.worker import DraftWorker
+from dspark.models.cache_once import PrepareError, explain
 from dspark.models.drafter import make_drafter
 from dspark.verify_service.request import RequestOutput, SamplingParams
 from dspark.verify_service.worker import VerifyWorker
@@ -85,11 +90,20 @@ class _Heartbeat:
             pass
 
 
+def _started(pool: str, config: ServeAppConfig, start: Any) -> None:
+    """Run a replica's start; a failure becomes one line naming its cause and fix (Serve shows it in the log
+    and in `serve status`)."""
+    try:
+        start()
+    except Exception as exc:
+        raise PrepareError(f"{config.arm_name}-{pool} replica cannot start: {explain(exc, 'loading')}") from exc
+
+
 class VerifyReplica(VerifyWorker):
     def __init__(self, config: ServeAppConfig, draft_pool: Any | None = None) -> None:
         rid = replica_id()
         _scheduler(config)
-        super().__init__(rid, config)
+        _started("verify", config, lambda: VerifyWorker.__init__(self, rid, config))
         self.draft_pool = draft_pool
         self._timings: deque[tuple[float, float]] = deque(maxlen=256)  # (ttft_s, tpot_s) of finished requests
         if config.mode == "decoupled":
@@ -124,6 +138,11 @@ class VerifyReplica(VerifyWorker):
     def check_health(self) -> None:
         if self.async_engine is None or not self.async_engine.is_alive:
             raise RuntimeError("engine loop is not running")
+
+    def ready_probe(self) -> bool:
+        """The ingress's readiness probe (readiness.py): answers only once this replica can serve."""
+        self.check_health()
+        return True
 
     def record_autoscaling_stats(self) -> dict[str, float]:
         eng = self.engine
@@ -188,14 +207,15 @@ class VerifyReplica(VerifyWorker):
         heartbeat = getattr(self, "heartbeat", None)
         if heartbeat is not None:
             heartbeat.leave()
-        self.shutdown()
+        if hasattr(self, "async_engine"):  # a replica whose start failed has nothing to shut down
+            self.shutdown()
 
 
 class DraftReplica(DraftWorker):
     def __init__(self, config: ServeAppConfig) -> None:
         rid = replica_id()
         _scheduler(config)
-        super().__init__(rid, config)
+        _started("draft", config, lambda: DraftWorker.__init__(self, rid, config))
         self._busy: deque[tuple[float, float]] = deque(maxlen=4096)
         self.heartbeat = _Heartbeat(config, "draft", rid, lambda: {"num_contexts": self.service.num_requests,
                                                                    "pid": os.getpid(), "num_links": self.num_links})

@@ -13,13 +13,13 @@ many tokens a step carries, so losslessness is always against target-only decodi
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
 
 import torch
 
+from dspark.models import cache_once
 from dspark.models.gemm_plan import cpu_signature, has_bf16_units
 
 log = logging.getLogger(__name__)
@@ -78,11 +78,13 @@ def chosen_dtype(role: str, target_name: str, device: str, cache_root: Path,
                     torch.__version__, str(torch.get_num_threads())])
     safe = "".join(c if c.isalnum() or c in "-." else "_" for c in key)
     path = cache_root / "dtype_choice" / f"{safe}.json"
-    if path.exists():
-        return json.loads(path.read_text())["choice"][role]
-    t0 = time.perf_counter()
-    result = measure_dtypes(target_name, device)
-    log.info("dtype choice measured in %.1f s: %s", time.perf_counter() - t0, result["choice"])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1))
-    return result["choice"][role]
+    cached = cache_once.read_json(path)
+    if cached is None:  # measured once per machine: the other processes wait for it, then read it
+        with cache_once.locked(f"dtype-choice-{safe}", cache_root):
+            cached = cache_once.read_json(path)
+            if cached is None:
+                t0 = time.perf_counter()
+                cached = measure_dtypes(target_name, device)
+                log.info("dtype choice measured in %.1f s: %s", time.perf_counter() - t0, cached["choice"])
+                cache_once.publish_json(path, cached)
+    return cached["choice"][role]

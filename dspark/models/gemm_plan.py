@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from dspark.models import cache_once
+
 log = logging.getLogger(__name__)
 
 KERNELS = ("linear", "wx", "packed", "mv", "native")  # timed candidates; "rowwise": the row-invariant fallback
@@ -285,21 +287,36 @@ def plan_for(layers: list[PlannedLinear], head: PlannedLinear, cache_root: Path 
     key = plan_key(layers, head, row_invariant)
     path = cache_root / "gemm_plans" / f"{key}.json" if cache_root is not None else None
     plan = _MEMO.get(key)
-    if plan is None and path is not None and path.exists():
-        plan = GemmPlan.from_json(json.loads(path.read_text()))
-    if plan is None:
-        t0 = time.perf_counter()
-        plan = measure_plan(layers, head, row_invariant=row_invariant)
-        plan.meta.update({"cpu": cpu_signature(), "dtype": str(head.weight.dtype), "row_invariant": row_invariant,
-                          "measure_s": round(time.perf_counter() - t0, 2)})
-        log.info("GEMM plan measured in %.1f s: %s", plan.meta["measure_s"], plan.layer_kernels)
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(plan.to_json(), indent=1))
-            tmp.replace(path)
-    elif plan.uses_packed:
+    is_measured = False
+    if plan is None and path is not None:
+        plan = _read_plan(path)
+        if plan is None:  # measured once per machine: the other processes wait for it, then read it
+            with cache_once.locked(f"gemm-plan-{key}", cache_root):
+                plan = _read_plan(path)
+                if plan is None:
+                    plan, is_measured = _measure(layers, head, row_invariant), True
+                    cache_once.publish_json(path, plan.to_json())
+    elif plan is None:
+        plan, is_measured = _measure(layers, head, row_invariant), True
+    if not is_measured and plan.uses_packed:  # measuring packs; a plan read back packs the weights it uses
         for lin in layers + [head]:
             lin.pack()
     _MEMO[key] = plan
+    return plan
+
+
+def _read_plan(path: Path) -> GemmPlan | None:
+    d = cache_once.read_json(path)
+    try:
+        return GemmPlan.from_json(d) if d is not None else None
+    except (KeyError, TypeError, ValueError):  # a damaged file: measured again
+        return None
+
+
+def _measure(layers: list[PlannedLinear], head: PlannedLinear, row_invariant: bool) -> GemmPlan:
+    t0 = time.perf_counter()
+    plan = measure_plan(layers, head, row_invariant=row_invariant)
+    plan.meta.update({"cpu": cpu_signature(), "dtype": str(head.weight.dtype), "row_invariant": row_invariant,
+                      "measure_s": round(time.perf_counter() - t0, 2)})
+    log.info("GEMM plan measured in %.1f s: %s", plan.meta["measure_s"], plan.layer_kernels)
     return plan

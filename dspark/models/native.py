@@ -6,8 +6,9 @@ OpenMP dot-product loop streams the same 538 MB at 58 GB/s (34.4 against 9.2 ms 
 are one more candidate of the measured GEMM plan (`gemm_plan.py`): used only where they time fastest.
 
 Built with the system C compiler (`cc`, `-O3 -march=native -fopenmp`), once per source, CPU and compiler,
-into ``~/.cache/dspark/native/``; no `-ffast-math` (it would link code that sets flush-to-zero for the
-whole process). OpenMP resolves to the libgomp that torch has already loaded, so both share one pool.
+into ``~/.cache/dspark/native/`` (by one process, under a lock: `cache_once.py`); no `-ffast-math` (it would
+link code that sets flush-to-zero for the whole process). OpenMP resolves to the libgomp that torch has
+already loaded, so both share one pool.
 Without a compiler, or with DSPARK_NATIVE=0 in the environment, the kernels are simply not candidates.
 """
 
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from dspark.models import cache_once
 from dspark.models.gemm_plan import cpu_signature
 from dspark.models.target import cache_dir
 
@@ -64,13 +66,18 @@ def library() -> ctypes.CDLL | None:
     ident = repr((source, cpu_signature(), version, CFLAGS)).encode()
     out = cache_dir() / "native" / f"kernels-{hashlib.sha256(ident).hexdigest()[:16]}.so"  # see build_id
     if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(f".{os.getpid()}.tmp")
-        res = subprocess.run([cc, *CFLAGS, str(SOURCE), "-o", str(tmp), "-lm"], capture_output=True, text=True)
-        if res.returncode != 0:
-            log.warning("native kernels failed to build:\n%s", res.stderr[-2000:])
-            return None
-        tmp.replace(out)
+        with cache_once.locked("native"):  # built once per machine: the other processes wait, then load it
+            if not out.exists():
+                out.parent.mkdir(parents=True, exist_ok=True)
+                cache_once.remove_stale(out)
+                tmp = cache_once.tmp_path(out)
+                res = subprocess.run([cc, *CFLAGS, str(SOURCE), "-o", str(tmp), "-lm"], capture_output=True,
+                                     text=True)
+                if res.returncode != 0:
+                    tmp.unlink(missing_ok=True)
+                    log.warning("native kernels failed to build:\n%s", res.stderr[-2000:])
+                    return None
+                tmp.replace(out)
     lib = ctypes.CDLL(str(out))
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.gemm_blocked_f32.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64]

