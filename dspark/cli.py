@@ -20,6 +20,9 @@ ab_app = typer.Typer(no_args_is_help=True, help="A/B tests between serving arms.
 app.add_typer(ab_app, name="ab")
 dashboard_app = typer.Typer(no_args_is_help=True, help="Grafana dashboards (generated from code).")
 app.add_typer(dashboard_app, name="dashboard")
+from dspark.cli_suffix import suffix_app  # noqa: E402  (the suffix proposer's commands)
+
+app.add_typer(suffix_app, name="suffix")
 
 TARGET = typer.Option("smollm2-135m-instruct", help="HF causal-LM folder or the embedded default.")
 DEVICE = typer.Option("cpu", help="cpu or cuda[:N].")
@@ -240,7 +243,7 @@ def eval_cmd(
         summary[f"T={temp}"] = {"tau": run["tau"], "tau_macro": run["tau_macro"],
                                 "conditional_acceptance": run["conditional_acceptance"],
                                 "ece_before": cal.get("ece_before_mean"), "ece_after": cal.get("ece_after_mean"),
-                                "auc": cal.get("auc_after", cal.get("auc_before"))}
+                                "auc": cal.get("auc_after", cal.get("auc_before")), "sources": run.get("sources")}
     _emit(summary, out_dir / f"eval_{name}.json")
 
 

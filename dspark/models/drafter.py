@@ -64,7 +64,7 @@ class FeatureDrafter(Drafter, Protocol):
         ...
 
 
-DRAFTER_NAMES = ("none", "ngram", "oracle", "dspark", "dflash", "eagle3", "mtp1")
+DRAFTER_NAMES = ("none", "ngram", "suffix", "hybrid", "oracle", "dspark", "dflash", "eagle3", "mtp1")
 CHECKPOINTS_DIR = Path(__file__).resolve().parents[2] / "checkpoints"
 DEFAULT_CHECKPOINTS = {name: CHECKPOINTS_DIR / f"{name}-smollm2" for name in ("dspark", "dflash", "eagle3", "mtp1")}
 
@@ -85,6 +85,14 @@ def make_drafter(name: str, target: TargetModel, **kwargs: object) -> Drafter | 
         from dspark.models.oracle import OracleDrafter
 
         return OracleDrafter(target, **kwargs)  # type: ignore[arg-type]
+    if name == "suffix":
+        from dspark.models.suffix_drafter import DEFAULT_SUFFIX_DIR, SuffixDrafter
+
+        return SuffixDrafter.from_pretrained(kwargs.pop("path", DEFAULT_SUFFIX_DIR), **kwargs)  # type: ignore[arg-type]
+    if name == "hybrid":
+        from dspark.models.hybrid_drafter import HybridDrafter
+
+        return HybridDrafter.build(target, **kwargs)
     if name not in DEFAULT_CHECKPOINTS:
         raise ValueError(f"unknown drafter {name!r}; expected one of {', '.join(DRAFTER_NAMES)}")
     path = Path(str(kwargs.pop("path", DEFAULT_CHECKPOINTS[name])))

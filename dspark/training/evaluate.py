@@ -108,6 +108,8 @@ def evaluate(target: TargetModel, drafter: Drafter, datasets: list[str], tempera
     engine = Engine(cfg, target=target, drafter=drafter)
     report: dict = {"gamma": gamma, "num_prompts": num_prompts, "max_new_tokens": max_new_tokens, "runs": {}}
     all_rounds: dict[float, Rounds] = {}
+    if hasattr(drafter, "reset_stats"):
+        drafter.reset_stats()
     for temp in temperatures:
         per_ds: dict = {}
         pooled = Rounds()
@@ -131,6 +133,9 @@ def evaluate(target: TargetModel, drafter: Drafter, datasets: list[str], tempera
             "per_dataset": per_ds,
             "calibration": calibration_report(pooled, gamma, sts_temperatures),
         }
+        if hasattr(drafter, "source_stats"):  # the hybrid and suffix drafters: which source drafted what
+            report["runs"][str(temp)]["sources"] = drafter.source_stats()
+            drafter.reset_stats()
         all_rounds[temp] = pooled
     report["_rounds"] = all_rounds
     return report

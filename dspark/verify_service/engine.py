@@ -486,6 +486,9 @@ class Engine:
     def _commit(self, active: list[Request], draft: DraftOutput, lengths: list[int],
                 accepted: list[int], next_tokens: list[int]) -> list[RequestOutput]:
         self.tracker.update(lengths, accepted)
+        feedback = getattr(self.drafter, "feedback", None)  # drafters that track acceptance per source
+        if feedback is not None and any(lengths):
+            feedback([r.request_id for r in active], lengths, accepted)
         outputs = []
         for req, d, n_ver, n_acc, tok in zip(active, draft.tokens, lengths, accepted, next_tokens):
             req.num_steps += 1

@@ -1,0 +1,196 @@
+"""SuffixDrafter: training-free drafts from the target's own text, with calibrated survival per source.
+
+Two sources propose for every request and step, at almost no cost (C walks, `suffix_kernels.c`):
+- "request": the request's own prompt and output so far (prompt lookup, with frequencies);
+- "corpus": a global suffix array over the target's self-distilled responses (`suffix_index.py`).
+Each proposal's per-position survival c_k comes from `SourceCalibration` (fitted on held-out data by
+`dspark suffix calibrate`), and the request gets the proposal with the larger expected number of
+accepted tokens Σ_k Π_{i≤k} c_i. The drafts, the survival and so the choice are deterministic functions
+of the request's tokens: verifying them as point masses (accept x with p(x), else resample from the
+residual) is lossless at any temperature, and the prefix scheduler may read the confidences freely.
+
+Config lives in a checkpoint-like folder (`checkpoints/suffix-smollm2/config.json`): which corpus
+folders to index, the walk parameters, and `calibration.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from dspark.models.drafter import DraftOutput, DraftRequest
+from dspark.models.suffix_corpus import corpus_paths, read_responses
+from dspark.models.suffix_index import RequestText, SuffixIndex, Walk, WalkParams, _Out
+from dspark.spec.source_calibration import SOURCES, SourceCalibration
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SUFFIX_DIR = Path(__file__).resolve().parents[2] / "checkpoints" / "suffix-smollm2"
+
+
+@dataclass
+class Proposal:
+    """What one source proposed for one request at one step (kept for calibration and metrics)."""
+
+    source: str
+    walk: Walk
+    conditional: list[float]
+
+    @property
+    def expected_tokens(self) -> float:
+        total, path = 0.0, 1.0
+        for c in self.conditional:
+            path *= c
+            total += path
+        return total
+
+
+@dataclass
+class SourceStats:
+    """Per source: proposals made, chosen, tokens verified and accepted, accepted by position."""
+
+    num_proposals: int = 0
+    num_chosen: int = 0
+    num_verified: int = 0
+    num_accepted: int = 0
+    accepted_by_position: list[int] = field(default_factory=lambda: [0] * 16)
+
+
+@dataclass
+class SuffixConfig:
+    corpus_dirs: list[str] = field(default_factory=lambda: ["data/distill/smollm2", "data/distill/smollm2-more"])
+    corpus_max_tokens: int | None = None  # index only the first N tokens (the corpus-size curve)
+    heldout_fraction: float = 0.0  # leave the calibration split out of the index (calibration runs)
+    walk: WalkParams = field(default_factory=WalkParams)
+    sources: tuple[str, ...] = SOURCES
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SuffixConfig:
+        data = dict(data)
+        walk = WalkParams(**data.pop("walk", {}))
+        sources = tuple(data.pop("sources", SOURCES))
+        return cls(walk=walk, sources=sources, **data)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["sources"] = list(self.sources)
+        return d
+
+
+class SuffixDrafter:
+    """Proposes the better of the request's own text and the global index (a `Drafter`)."""
+
+    name = "suffix"
+
+    def __init__(self, index: SuffixIndex | None, calibration: SourceCalibration | None = None,
+                 config: SuffixConfig | None = None, explore: bool = False) -> None:
+        self.index = index
+        self.calibration = calibration or SourceCalibration()
+        self.config = config or SuffixConfig()
+        self.explore = explore  # calibration runs: alternate the sources so both get verified
+        self._texts: dict[str, RequestText] = {}
+        self._out: _Out | None = None
+        self._num_rounds = 0
+        self.last: dict[str, Proposal] = {}  # request id -> the chosen proposal of the latest round
+        self.stats = {s: SourceStats() for s in self.config.sources}
+        self.propose_ms = 0.0  # the latest round's cost
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path = DEFAULT_SUFFIX_DIR, **overrides: object) -> SuffixDrafter:
+        """Build from a suffix folder: config.json (+ calibration.json); `overrides` replace config keys."""
+        path = Path(path)
+        data = json.loads((path / "config.json").read_text()) if (path / "config.json").exists() else {}
+        explore = bool(overrides.pop("explore", False))
+        data.update(overrides)
+        config = SuffixConfig.from_dict(data)
+        calibration = SourceCalibration.load(path / "calibration.json") if (path / "calibration.json").exists() \
+            else None
+        if calibration is None:
+            log.warning("no calibration.json in %s: survival is the raw continuation frequency "
+                        "(run `dspark suffix calibrate`)", path)
+        index = None
+        if "corpus" in config.sources:
+            t0 = time.perf_counter()
+            docs = read_responses(corpus_paths(config.corpus_dirs), config.heldout_fraction,
+                                  max_tokens=config.corpus_max_tokens)
+            index = SuffixIndex.cached(docs)
+            log.info("suffix index: %d tokens from %d responses, %.0f MB, ready in %.1f s", index.num_tokens,
+                     len(docs), index.nbytes / 2**20, time.perf_counter() - t0)
+        return cls(index, calibration, config, explore)
+
+    def _proposals(self, req: DraftRequest, max_num_tokens: int) -> list[Proposal]:
+        text = self._texts.get(req.request_id)
+        if text is None:
+            text = self._texts[req.request_id] = RequestText()
+        text.sync(req.token_ids)
+        if self._out is None or len(self._out.tokens) < max_num_tokens:
+            self._out = _Out(max_num_tokens)
+        params = self.config.walk
+        out: list[Proposal] = []
+        for source in self.config.sources:
+            if source == "request":
+                walk = text.walk(max_num_tokens, params, self._out)
+            elif self.index is not None:
+                walk = self.index.walk(text.tokens(), max_num_tokens, params, self._out)
+            else:
+                continue
+            if walk.tokens:
+                cond = self.calibration.conditional(source, req.temperature, walk.freq, walk.count, walk.match)
+                out.append(Proposal(source, walk, cond))
+        return out
+
+    def choose(self, req: DraftRequest, max_num_tokens: int) -> Proposal | None:
+        """The request's proposal with the most expected accepted tokens (None: no source has one)."""
+        proposals = self._proposals(req, max_num_tokens)
+        for p in proposals:
+            self.stats[p.source].num_proposals += 1
+        if not proposals:
+            return None
+        if self.explore and len(proposals) > 1:  # deterministic alternation: both sources get verified
+            return proposals[(self._num_rounds + zlib.crc32(req.request_id.encode())) % len(proposals)]
+        return max(proposals, key=lambda p: p.expected_tokens)
+
+    def propose(self, requests: list[DraftRequest], max_num_tokens: int) -> DraftOutput:
+        t0 = time.perf_counter()
+        self._num_rounds += 1
+        tokens: list[list[int]] = []
+        confidences: list[list[float]] = []
+        self.last = {}
+        for req in requests:
+            best = self.choose(req, max_num_tokens)
+            if best is None:
+                tokens.append([])
+                confidences.append([])
+                continue
+            self.stats[best.source].num_chosen += 1
+            self.last[req.request_id] = best
+            tokens.append(best.walk.tokens)
+            confidences.append(best.conditional)
+        self.propose_ms = (time.perf_counter() - t0) * 1e3
+        return DraftOutput(tokens=tokens, confidences=confidences)
+
+    def feedback(self, request_ids: list[str], num_verified: list[int], num_accepted: list[int]) -> None:
+        """The engine's verdict on the latest round (per-source acceptance for metrics and calibration)."""
+        for rid, n_ver, n_acc in zip(request_ids, num_verified, num_accepted):
+            p = self.last.get(rid)
+            if p is None or n_ver == 0:
+                continue
+            s = self.stats[p.source]
+            s.num_verified += n_ver
+            s.num_accepted += n_acc
+            for k in range(min(n_acc, len(s.accepted_by_position))):
+                s.accepted_by_position[k] += 1
+
+    def source_stats(self) -> dict[str, dict]:
+        return {s: asdict(v) for s, v in self.stats.items()}
+
+    def reset_stats(self) -> None:
+        self.stats = {s: SourceStats() for s in self.config.sources}
+
+    def release(self, request_id: str) -> None:
+        self._texts.pop(request_id, None)
+        self.last.pop(request_id, None)

@@ -1,0 +1,220 @@
+"""The suffix proposer's two indexes: a global suffix array over the target's own text, and one request's text.
+
+Global (`SuffixIndex`): documents (token id arrays) concatenated with -1 between them, and `sa`, the text
+positions sorted by the `depth` tokens that follow each one. Built by prefix doubling in numpy (⌈log2
+depth⌉ stable sorts); 8 bytes per token kept (int32 text + int32 positions), so 10M tokens take 80 MB;
+persisted under the cache keyed by the text's hash, so a replica loads it in well under a
+second instead of sorting again. Read-only once built: one index serves every request of a replica.
+
+Per request (`RequestText`): the request's prompt and output so far, appended as the request grows (only
+the new tail is copied), walked by the same rule (`request_walk`).
+
+Both return a `Walk`: the proposed tokens and, per token, what the calibration of its survival reads:
+the conditional frequency of the token after its context, that context's support (how many times it
+occurred) and its length.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dspark.models import suffix_native
+
+log = logging.getLogger(__name__)
+
+SEPARATOR = -1
+DEFAULT_DEPTH = 32  # tokens a suffix is sorted by: context (≤ 8) + walk (≤ 16) stays within it
+
+
+@dataclass
+class WalkParams:
+    """How a walk matches and how far it goes."""
+
+    min_ctx: int = 2  # the global index: context suffixes of max_ctx .. min_ctx tokens
+    max_ctx: int = 8
+    request_min_ctx: int = 1  # the request's own text (prompt lookup's 3 .. 1)
+    request_max_ctx: int = 3
+    min_path_prob: float = 0.1
+    num_samples: int = 64  # strided samples of a large run (see suffix_kernels.c)
+    max_occurrences: int = 256  # per-request walk: the most recent occurrences looked at
+
+
+@dataclass
+class Walk:
+    """One proposal: k tokens and, per token, its conditional frequency, support and context length."""
+
+    tokens: list[int]
+    freq: list[float]
+    count: list[int]
+    match: list[int]
+
+    @staticmethod
+    def empty() -> Walk:
+        return Walk([], [], [], [])
+
+    @property
+    def expected_tokens(self) -> float:
+        """Σ of the path probabilities (what a raw, uncalibrated walk promises)."""
+        total, path = 0.0, 1.0
+        for f in self.freq:
+            path *= f
+            total += path
+        return total
+
+
+class _Out:
+    """Output buffers of one walk (reused: a walk writes at most max_tokens entries)."""
+
+    def __init__(self, max_tokens: int) -> None:
+        self.tokens = np.zeros(max_tokens, dtype=np.int32)
+        self.freq = np.zeros(max_tokens, dtype=np.float32)
+        self.count = np.zeros(max_tokens, dtype=np.int32)
+        self.match = np.zeros(max_tokens, dtype=np.int32)
+
+    def ptrs(self) -> tuple[int, int, int, int]:
+        return self.tokens.ctypes.data, self.freq.ctypes.data, self.count.ctypes.data, self.match.ctypes.data
+
+    def walk(self, k: int) -> Walk:
+        return Walk(self.tokens[:k].tolist(), self.freq[:k].tolist(), self.count[:k].tolist(),
+                    self.match[:k].tolist())
+
+
+def build_suffix_array(text: np.ndarray, depth: int = DEFAULT_DEPTH) -> np.ndarray:
+    """Positions of `text` (separators excluded) sorted by their next `depth` tokens, ties by position."""
+    n = len(text)
+    if n == 0:
+        return np.zeros(0, dtype=np.int32)
+    rank = text.astype(np.int64) + 1  # separator → 0, below every token
+    h = 1
+    while True:
+        nxt = np.zeros(n, dtype=np.int64)
+        nxt[:n - h] = rank[h:] + 1 if h < n else 0  # past the end: 0, below every rank
+        key = rank * (int(rank.max()) + 2) + nxt
+        order = np.argsort(key, kind="stable")  # ties keep position order
+        sorted_key = key[order]
+        new_rank = np.empty(n, dtype=np.int64)
+        new_rank[order] = np.concatenate([[0], np.cumsum(sorted_key[1:] != sorted_key[:-1])])
+        rank = new_rank
+        h *= 2
+        if h >= depth or int(rank.max()) == n - 1:  # sorted to depth, or every suffix already distinct
+            break
+    return order[text[order] != SEPARATOR].astype(np.int32)
+
+
+def concat_documents(docs: Iterable[np.ndarray]) -> np.ndarray:
+    """Documents joined by one separator each (int32)."""
+    parts: list[np.ndarray] = []
+    sep = np.array([SEPARATOR], dtype=np.int32)
+    for d in docs:
+        if len(d):
+            parts += [np.asarray(d, dtype=np.int32), sep]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+
+
+class SuffixIndex:
+    """A read-only suffix array over documents of token ids; `walk` proposes a continuation."""
+
+    def __init__(self, text: np.ndarray, sa: np.ndarray, depth: int = DEFAULT_DEPTH) -> None:
+        self.text = np.ascontiguousarray(text, dtype=np.int32)
+        self.sa = np.ascontiguousarray(sa, dtype=np.int32)
+        self.depth = depth
+        self._lib = suffix_native.required()
+
+    @classmethod
+    def build(cls, docs: Iterable[np.ndarray], depth: int = DEFAULT_DEPTH) -> SuffixIndex:
+        text = concat_documents(docs)
+        return cls(text, build_suffix_array(text, depth), depth)
+
+    @classmethod
+    def cached(cls, docs: Iterable[np.ndarray], depth: int = DEFAULT_DEPTH, root: Path | None = None) -> SuffixIndex:
+        """`build`, or the persisted index of the same text (under `root`, by default the dspark cache)."""
+        from dspark.models.target import cache_dir
+
+        text = concat_documents(docs)
+        digest = hashlib.sha256(text.tobytes() + str(depth).encode()).hexdigest()[:20]
+        folder = (root or cache_dir() / "suffix") / digest
+        if (folder / "meta.json").exists():
+            try:
+                return cls(np.load(folder / "text.npy"), np.load(folder / "sa.npy"), depth)
+            except (OSError, ValueError) as exc:  # a damaged copy: rebuilt below
+                log.warning("suffix index %s unreadable (%r): rebuilding it", folder, exc)
+                shutil.rmtree(folder, ignore_errors=True)
+        t0 = time.perf_counter()
+        index = cls(text, build_suffix_array(text, depth), depth)
+        log.info("suffix index over %d tokens built in %.1f s", len(text), time.perf_counter() - t0)
+        tmp = folder.with_name(f"{digest}.{os.getpid()}.tmp")
+        tmp.mkdir(parents=True, exist_ok=True)
+        np.save(tmp / "text.npy", index.text)
+        np.save(tmp / "sa.npy", index.sa)
+        (tmp / "meta.json").write_text(json.dumps({"num_tokens": int(len(text)), "depth": depth}))
+        try:
+            tmp.rename(folder)
+        except OSError:  # another process published the same index first: keep theirs
+            shutil.rmtree(tmp, ignore_errors=True)
+        return index
+
+    @property
+    def num_tokens(self) -> int:
+        return int((self.text != SEPARATOR).sum())
+
+    @property
+    def nbytes(self) -> int:
+        return self.text.nbytes + self.sa.nbytes
+
+    def walk(self, context: np.ndarray, max_tokens: int, params: WalkParams, out: _Out | None = None) -> Walk:
+        """The most frequent continuation of the longest matching suffix of `context` (int32, oldest first)."""
+        if max_tokens <= 0 or len(self.sa) == 0:
+            return Walk.empty()
+        out = out or _Out(max_tokens)
+        ctx = np.ascontiguousarray(context[-params.max_ctx:], dtype=np.int32)
+        k = self._lib.suffix_walk(self.text.ctypes.data, len(self.text), self.sa.ctypes.data, len(self.sa),
+                                  ctx.ctypes.data, len(ctx), params.min_ctx, params.max_ctx, self.depth, max_tokens,
+                                  params.min_path_prob, params.num_samples, *out.ptrs())
+        return out.walk(k)
+
+
+class RequestText:
+    """One request's tokens (prompt + output so far) as a growing int32 buffer, walked like the index."""
+
+    def __init__(self) -> None:
+        self.buffer = np.zeros(256, dtype=np.int32)
+        self.length = 0
+        self._lib = suffix_native.required()
+        self._work = np.zeros(0, dtype=np.int64)
+
+    def sync(self, token_ids: list[int]) -> None:
+        """Bring the buffer up to `token_ids` (a request's tokens only grow; a shorter list restarts it)."""
+        n = len(token_ids)
+        if n < self.length:
+            self.length = 0
+        if n > len(self.buffer):
+            grown = np.zeros(max(2 * len(self.buffer), n), dtype=np.int32)
+            grown[:self.length] = self.buffer[:self.length]
+            self.buffer = grown
+        if n > self.length:
+            self.buffer[self.length:n] = token_ids[self.length:n]
+            self.length = n
+
+    def tokens(self) -> np.ndarray:
+        return self.buffer[:self.length]
+
+    def walk(self, max_tokens: int, params: WalkParams, out: _Out | None = None) -> Walk:
+        if max_tokens <= 0 or self.length < 2:
+            return Walk.empty()
+        out = out or _Out(max_tokens)
+        if len(self._work) < params.max_occurrences:
+            self._work = np.zeros(params.max_occurrences, dtype=np.int64)
+        k = self._lib.request_walk(self.buffer.ctypes.data, self.length, params.request_min_ctx,
+                                   params.request_max_ctx, max_tokens, params.min_path_prob,
+                                   params.max_occurrences, self._work.ctypes.data, *out.ptrs())
+        return out.walk(k)

@@ -1,0 +1,127 @@
+"""Calibrated survival for the training-free sources (the suffix index, the request's own text).
+
+A walk tells, per proposed token k, what the source knows: its conditional frequency f_k after its
+context, that context's support n_k (occurrences), the context's length m_k and the position k. The
+probability that the token survives verification given that tokens 1..k-1 did, c_k, is read from a
+table of binned acceptance counts fitted on held-out data (the same role STS plays for DSpark's
+confidence head): per source and regime (T = 0 greedy, T > 0 sampled), bins over (f, n, m, k) with
+back-off to coarser bins where a cell is thin (each level shrinks toward its parent by `prior_weight`
+pseudo-trials). Binning is a histogram calibrator: within each cell the estimate IS the observed rate,
+which is what drives the ECE of the survival products a_k = Π c_i down.
+
+Lossless use: c_k depends on the context and on a deterministic draft (the walk has no randomness), so
+a scheduler or source choice fed by it never lets a sampled token decide its own verification (the
+paper's Appendix A concerns sampled drafts).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SOURCES = ("request", "corpus")
+REGIMES = ("greedy", "sampled")
+_NUM_F, _NUM_N, _NUM_M, _NUM_K = 10, 7, 6, 4
+
+
+def regime_of(temperature: float) -> str:
+    return "greedy" if temperature <= 0 else "sampled"
+
+
+def feature_bins(freq: float, count: int, match: int, position: int) -> tuple[int, int, int, int]:
+    """(f, n, m, k) bins: f in tenths; n = 1, 2, 3-4, 5-8, 9-16, 17-32, 33+; m = ≤1, 2, 3, 4-5, 6-8, 9+;
+    k (1-based) = 1, 2, 3, 4+."""
+    f = min(_NUM_F - 1, max(0, int(freq * _NUM_F)))
+    n = min(_NUM_N - 1, max(0, math.ceil(math.log2(max(1, count)))))
+    m = 0 if match <= 1 else 1 if match == 2 else 2 if match == 3 else 3 if match <= 5 else 4 if match <= 8 else 5
+    k = min(_NUM_K - 1, max(0, position - 1))
+    return f, n, m, k
+
+
+@dataclass
+class SourceTable:
+    """Acceptance counts [successes, trials] per bin key, at four levels of detail."""
+
+    counts: dict[str, list[float]] = field(default_factory=dict)
+    prior_weight: float = 4.0
+    _table: list | None = None  # flattened estimates, (f, n, m, k) row-major, built by `freeze`
+
+    @staticmethod
+    def _keys(bins: tuple[int, int, int, int]) -> list[str]:
+        return [",".join(str(b) for b in bins[:i]) for i in range(5)]  # "", "f", "f,n", "f,n,m", "f,n,m,k"
+
+    def add(self, bins: tuple[int, int, int, int], success: bool) -> None:
+        for key in self._keys(bins):
+            c = self.counts.setdefault(key, [0.0, 0.0])
+            c[0] += float(success)
+            c[1] += 1.0
+        self._table = None
+
+    def estimate(self, bins: tuple[int, int, int, int]) -> float:
+        est = 0.5
+        for key in self._keys(bins):
+            s, t = self.counts.get(key, (0.0, 0.0))
+            est = (s + self.prior_weight * est) / (t + self.prior_weight)
+        return est
+
+    def freeze(self) -> None:
+        """Precompute every cell's estimate (lookups in the proposer are then one list index)."""
+        self._table = [self.estimate((f, n, m, k)) for f in range(_NUM_F) for n in range(_NUM_N)
+                       for m in range(_NUM_M) for k in range(_NUM_K)]
+
+    def lookup(self, bins: tuple[int, int, int, int]) -> float:
+        if self._table is None:
+            self.freeze()
+        f, n, m, k = bins
+        return self._table[((f * _NUM_N + n) * _NUM_M + m) * _NUM_K + k]  # type: ignore[index]
+
+    @property
+    def num_trials(self) -> int:
+        return int(self.counts.get("", (0.0, 0.0))[1])
+
+
+class SourceCalibration:
+    """Conditional survival c_k of a source's proposal, per regime; uncalibrated: f_k itself."""
+
+    def __init__(self, tables: dict[str, dict[str, SourceTable]] | None = None) -> None:
+        self.tables = tables or {}
+
+    def table(self, source: str, regime: str) -> SourceTable | None:
+        return self.tables.get(regime, {}).get(source)
+
+    def conditional(self, source: str, temperature: float, freq: list[float], count: list[int],
+                    match: list[int]) -> list[float]:
+        table = self.table(source, regime_of(temperature))
+        if table is None or table.num_trials == 0:
+            return [min(0.99, max(0.01, f)) for f in freq]
+        return [table.lookup(feature_bins(f, n, m, k + 1)) for k, (f, n, m) in enumerate(zip(freq, count, match))]
+
+    def record(self, source: str, temperature: float, freq: list[float], count: list[int], match: list[int],
+               num_verified: int, num_accepted: int) -> None:
+        """One verified proposal: position k (0-based) is a trial when it was verified and 0..k-1 were accepted;
+        a success when it was accepted too."""
+        regime = regime_of(temperature)
+        table = self.tables.setdefault(regime, {}).setdefault(source, SourceTable())
+        for k in range(min(num_verified, num_accepted + 1, len(freq))):
+            table.add(feature_bins(freq[k], count[k], match[k], k + 1), k < num_accepted)
+
+    def to_dict(self) -> dict:
+        return {"format": "binned-v1", "tables": {r: {s: {"counts": t.counts, "prior_weight": t.prior_weight}
+                                                      for s, t in by_source.items()}
+                                                  for r, by_source in self.tables.items()}}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SourceCalibration:
+        if data.get("format") != "binned-v1":
+            raise ValueError(f"unknown source calibration format {data.get('format')!r}")
+        return cls({r: {s: SourceTable(dict(t["counts"]), float(t["prior_weight"])) for s, t in by_source.items()}
+                    for r, by_source in data["tables"].items()})
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_dict(), separators=(",", ":")))
+
+    @classmethod
+    def load(cls, path: Path) -> SourceCalibration:
+        return cls.from_dict(json.loads(path.read_text()))

@@ -1,0 +1,199 @@
+"""The suffix proposer: its indexes walk what they should, its calibration fits, and the hybrid is lossless."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dspark.models.dspark_drafter import DSparkDrafter
+from dspark.models.hybrid_drafter import HybridDrafter
+from dspark.models.suffix_drafter import SuffixConfig, SuffixDrafter
+from dspark.models.suffix_index import RequestText, SuffixIndex, WalkParams, build_suffix_array, concat_documents
+from dspark.spec.chi2 import ALPHA, chi_square_pvalue
+from dspark.spec.source_calibration import SourceCalibration, feature_bins
+from dspark.verify_service.engine import Engine, EngineConfig
+from dspark.verify_service.request import SamplingParams
+from tests.test_engine_lossless import hf_greedy, tiny_prompts
+from tests.tiny import tiny_sps_path
+from tests.tiny_drafters import make_dspark
+
+
+def random_docs(seed: int, num_docs: int = 300, vocab: int = 12) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab, size=int(rng.integers(1, 40))).astype(np.int32) for _ in range(num_docs)]
+
+
+# ---- the global index -----------------------------------------------------------------------------------
+def test_suffix_array_sorts_every_position_by_its_following_tokens():
+    docs = random_docs(0)
+    text = concat_documents(docs)
+    sa = build_suffix_array(text, depth=32)
+    assert sorted(sa.tolist()) == [i for i in range(len(text)) if text[i] >= 0]  # every token once, no separator
+    keys = [tuple(text[p:p + 32].tolist()) for p in sa]
+    assert keys == sorted(keys)
+
+
+def brute_next_counts(docs: list[np.ndarray], context: list[int]) -> Counter:
+    counts: Counter = Counter()
+    n = len(context)
+    for d in docs:
+        d = d.tolist()
+        for s in range(len(d) - n):
+            if d[s:s + n] == context:
+                counts[d[s + n]] += 1
+    return counts
+
+
+def test_corpus_walk_takes_the_most_frequent_continuation_of_the_longest_context():
+    docs = random_docs(1)
+    index = SuffixIndex.build(docs)
+    params = WalkParams(min_ctx=1, max_ctx=4, min_path_prob=0.0, num_samples=10_000)  # exact counting
+    rng = np.random.default_rng(2)
+    for _ in range(40):
+        context = rng.integers(0, 12, size=6).astype(np.int32)
+        walk = index.walk(context, 3, params)
+        longest = next((n for n in range(4, 0, -1) if brute_next_counts(docs, context[-n:].tolist())), None)
+        if longest is None:
+            assert walk.tokens == []
+            continue
+        counts = brute_next_counts(docs, context[-longest:].tolist())
+        top = max(counts.values())
+        assert walk.match[0] == longest
+        assert counts[walk.tokens[0]] == top  # a most frequent continuation
+        assert walk.freq[0] == pytest.approx(top / sum(counts.values()) * sum(counts.values()) / walk.count[0])
+        if len(walk.tokens) > 1:  # the walk goes on from the extended context
+            nxt = brute_next_counts(docs, context[-longest:].tolist() + [walk.tokens[0]])
+            assert nxt[walk.tokens[1]] == max(nxt.values()) and walk.match[1] == longest + 1
+
+
+def test_large_runs_are_sampled_but_the_winner_is_counted_exactly():
+    docs = [np.array([1, 2, 3], dtype=np.int32)] * 600 + [np.array([1, 2, 4], dtype=np.int32)] * 400
+    index = SuffixIndex.build(docs)
+    walk = index.walk(np.array([7, 1, 2], dtype=np.int32), 1, WalkParams(min_ctx=2, num_samples=16))
+    assert walk.tokens == [3] and walk.freq[0] == pytest.approx(0.6) and walk.count[0] == 1000
+
+
+def test_request_walk_is_prompt_lookup_with_frequencies():
+    text = RequestText()
+    text.sync([1, 2, 3, 1, 2, 4, 1, 2, 3, 5, 1, 2])
+    walk = text.walk(3, WalkParams(min_path_prob=0.0))
+    # "5 1 2" never occurred before; "1 2" did three times, followed by 3, 4, 3
+    assert walk.tokens[0] == 3 and walk.freq[0] == pytest.approx(2 / 3) and walk.count[0] == 3
+    assert walk.match[0] == 2
+    # after "1 2 3": 1 once and 5 once; the tie goes to the most recent occurrence
+    assert walk.tokens[1] == 5 and walk.freq[1] == pytest.approx(0.5) and walk.count[1] == 2
+    text.sync([1, 2, 3, 1, 2, 4, 1, 2, 3, 5, 1, 2, 9])  # grows by its tail only
+    assert text.tokens().tolist()[-2:] == [2, 9]
+
+
+def _build_in(root: str, seed: int) -> int:
+    index = SuffixIndex.cached(random_docs(seed), root=Path(root))
+    return int(index.sa.sum())
+
+
+def test_concurrent_builders_publish_one_index_that_later_starts_load(tmp_path):
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(3) as pool:
+        sums = pool.starmap(_build_in, [(str(tmp_path), 5)] * 3)
+    assert len(set(sums)) == 1
+    folders = [p for p in tmp_path.iterdir()]
+    assert len(folders) == 1 and not folders[0].name.endswith(".tmp")  # one published, no leftovers
+    assert int(SuffixIndex.cached(random_docs(5), root=tmp_path).sa.sum()) == sums[0]
+
+
+# ---- calibration ----------------------------------------------------------------------------------------
+def test_binned_calibration_recovers_the_acceptance_rate_per_cell_and_round_trips(tmp_path):
+    rng = np.random.default_rng(3)
+    cal = SourceCalibration()
+    truth = {0.25: 0.1, 0.95: 0.8}  # the source's frequency says little about acceptance: calibration must learn it
+    for _ in range(4000):
+        f = float(rng.choice(list(truth)))
+        accepted = int(rng.random() < truth[f])
+        cal.record("corpus", 0.0, [f], [8], [4], 1, accepted)
+    got = cal.conditional("corpus", 0.0, [0.25, 0.95], [8, 8], [4, 4])
+    assert got[0] == pytest.approx(0.1, abs=0.03) and got[1] == pytest.approx(0.8, abs=0.03)
+    assert cal.conditional("corpus", 1.0, [0.95], [8], [4]) == [0.95]  # no sampled-regime data: raw frequency
+    cal.save(tmp_path / "c.json")
+    assert SourceCalibration.load(tmp_path / "c.json").conditional("corpus", 0.0, [0.25], [8], [4]) == [got[0]]
+    assert feature_bins(1.0, 1, 1, 1) == (9, 0, 0, 0) and feature_bins(0.0, 100, 20, 9) == (0, 6, 5, 3)
+
+
+# ---- the hybrid in the engine ---------------------------------------------------------------------------
+def self_distilled_docs(target, prompts: list[list[int]], num_new: int, temperature: float) -> list[np.ndarray]:
+    """The tiny target's own continuations of `prompts` (prompt + response, as the index holds them)."""
+    engine = Engine(EngineConfig(target=str(target.path), drafter="none", max_num_seqs=16, max_model_len=512),
+                    target=target)
+    reqs = engine.generate(prompts, [SamplingParams(max_tokens=num_new, temperature=temperature, seed=i,
+                                                    ignore_eos=True) for i in range(len(prompts))])
+    return [np.array(p + r.output_ids, dtype=np.int32) for p, r in zip(prompts, reqs)]
+
+
+def make_hybrid(target, docs: list[np.ndarray], model_ratio: float = 0.0) -> HybridDrafter:
+    suffix = SuffixDrafter(SuffixIndex.build(docs), SourceCalibration(), SuffixConfig())
+    model = DSparkDrafter(make_dspark(target), target)
+    return HybridDrafter(suffix, model, target.model.config.vocab_size, model_cost_ratio=model_ratio)
+
+
+@pytest.mark.parametrize("scheduler", ["fixed", "greedy", "async"])
+def test_hybrid_greedy_speculation_equals_hf_generate(tiny_target, scheduler):
+    prompts = tiny_prompts(tiny_target.model.config.vocab_size)[:16]
+    refs = [hf_greedy(tiny_target, p, 32) for p in prompts]
+    docs = self_distilled_docs(tiny_target, tiny_prompts(tiny_target.model.config.vocab_size)[16:], 48, 0.0)
+    hybrid = make_hybrid(tiny_target, docs)
+    cfg = EngineConfig(target=str(tiny_target.path), drafter="hybrid", scheduler=scheduler,
+                       scheduler_kwargs={"k": 5} if scheduler == "fixed" else {}, num_draft_tokens=7, max_num_seqs=8,
+                       max_model_len=512, sps_profile=tiny_sps_path(tiny_target.path))
+    engine = Engine(cfg, target=tiny_target, drafter=hybrid)
+    reqs = engine.generate(prompts, SamplingParams(max_tokens=32, ignore_eos=True))
+    assert [r.output_ids for r in reqs] == refs
+    stats = hybrid.source_stats()
+    assert stats["dspark"]["num_chosen"] > 0 and stats["request"]["num_chosen"] + stats["corpus"]["num_chosen"] > 0
+    assert sum(r.num_accepted for r in reqs) > 0 and not hybrid.suffix._texts  # every request released
+
+
+def pit_counts(target, prefixes: list[list[int]], tokens: list[int], rng: np.random.Generator,
+               num_bins: int = 20) -> torch.Tensor:
+    """Randomised probability integral transform of each token under the target's T=1 distribution after its
+    prefix: uniform on [0, 1) exactly when the tokens follow the target. Returns bin counts."""
+    counts = torch.zeros(num_bins)
+    by_len: dict[int, list[int]] = {}
+    for i, p in enumerate(prefixes):
+        by_len.setdefault(len(p), []).append(i)
+    for idx in by_len.values():
+        with torch.inference_mode():
+            logits = target.model(torch.tensor([prefixes[i] for i in idx])).logits[:, -1].float()
+        probs = torch.softmax(logits, -1)
+        cdf = torch.cumsum(probs, -1) - probs
+        for row, i in enumerate(idx):
+            u = float(cdf[row, tokens[i]]) + rng.random() * float(probs[row, tokens[i]])
+            counts[min(num_bins - 1, int(u * num_bins))] += 1
+    return counts
+
+
+def test_hybrid_sampled_tokens_follow_the_target_distribution(tiny_target):
+    """T = 1, 3,000 requests of one prompt, 4 tokens each; every token after the first comes out of a
+    verification round whose draft is a point mass (request or corpus source) or DSpark's sample, mixed in one
+    batch. Positions 2-4 are checked by a chi-square on the PIT bins: 3 tests at ALPHA = 1e-4, so a lossless
+    engine fails with probability <= 3e-4 (fixed seeds: the outcome is deterministic)."""
+    prompt = tiny_prompts(tiny_target.model.config.vocab_size)[1][:12]
+    docs = self_distilled_docs(tiny_target, [prompt] * 64, 6, 1.0)
+    hybrid = make_hybrid(tiny_target, docs)
+    # fixed k: every drafted token is verified (a load-aware scheduler would skip the random DSpark's drafts)
+    cfg = EngineConfig(target=str(tiny_target.path), drafter="hybrid", scheduler="fixed", scheduler_kwargs={"k": 3},
+                       num_draft_tokens=4, max_num_seqs=64, max_model_len=64, sps_profile=tiny_sps_path(tiny_target.path),
+                       prefix_cache_mb=0)
+    engine = Engine(cfg, target=tiny_target, drafter=hybrid)
+    reqs = engine.generate([prompt] * 3000, [SamplingParams(max_tokens=4, temperature=1.0, seed=10_000 + i,
+                                                            ignore_eos=True) for i in range(3000)])
+    stats = hybrid.source_stats()
+    assert stats["dspark"]["num_verified"] > 0 and stats["corpus"]["num_accepted"] > 0  # both kinds verified
+    rng = np.random.default_rng(0)
+    for pos in (1, 2, 3):
+        prefixes = [prompt + r.output_ids[:pos] for r in reqs]
+        counts = pit_counts(tiny_target, prefixes, [r.output_ids[pos] for r in reqs], rng)
+        assert chi_square_pvalue(counts, torch.full((20,), 1 / 20)) > ALPHA, f"position {pos + 1}: {counts}"
