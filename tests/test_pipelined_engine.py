@@ -19,6 +19,7 @@ from dspark.verify_service.engine import Engine, EngineConfig
 from dspark.verify_service.pipelined_engine import PUSH_MIN_ROWS, PipelinedEngine
 from dspark.verify_service.request import SamplingParams
 from tests.test_engine_lossless import tiny_prompts
+from tests.tiny import tiny_sps_path
 
 NUM_NEW = 24
 
@@ -45,8 +46,11 @@ class SlowNgram(NgramDrafter):
 
 def config(target: TargetModel, scheduler: str = "greedy", drafter: str = "ngram",
            draft_gate: bool = True) -> EngineConfig:
+    # the tests' SPS profile, not one measured on this (possibly loaded) machine: the lengths a load-aware
+    # scheduler picks must not depend on the noise of a start-up measurement
     return EngineConfig(target=str(target.path), drafter=drafter, scheduler=scheduler, num_draft_tokens=5,
-                        max_num_seqs=6, max_model_len=256, draft_gate=draft_gate)
+                        max_num_seqs=6, max_model_len=256, draft_gate=draft_gate,
+                        sps_profile=tiny_sps_path(target.path))
 
 
 def channel_pair(timeout_s: float = 120.0) -> tuple[GlooChannel, GlooChannel]:

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import threading
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from dspark.draft_service.client import RemoteDrafter
+from dspark.draft_service.service import DraftService, serve_channel
 from dspark.models.dspark_drafter import DSparkDrafter
 from dspark.models.hybrid_drafter import HybridDrafter
 from dspark.models.suffix_drafter import SuffixConfig, SuffixDrafter
@@ -17,8 +22,10 @@ from dspark.models.suffix_index import RequestText, SuffixIndex, WalkParams, bui
 from dspark.spec.chi2 import ALPHA, chi_square_pvalue
 from dspark.spec.source_calibration import SourceCalibration, feature_bins
 from dspark.verify_service.engine import Engine, EngineConfig
+from dspark.verify_service.pipelined_engine import PipelinedEngine
 from dspark.verify_service.request import SamplingParams
 from tests.test_engine_lossless import hf_greedy, tiny_prompts
+from tests.test_pipelined_engine import channel_pair
 from tests.tiny import tiny_sps_path
 from tests.tiny_drafters import make_dspark
 
@@ -139,21 +146,52 @@ def make_hybrid(target, docs: list[np.ndarray], model_ratio: float = 0.0) -> Hyb
     return HybridDrafter(suffix, model, target.model.config.vocab_size, model_cost_ratio=model_ratio)
 
 
-@pytest.mark.parametrize("scheduler", ["fixed", "greedy", "async"])
-def test_hybrid_greedy_speculation_equals_hf_generate(tiny_target, scheduler):
+@contextmanager
+def hybrid_engine(mode: str, cfg: EngineConfig, target, hybrid: HybridDrafter) -> Iterator[Engine]:
+    """colocated: the hybrid inside the engine; decoupled: the hybrid behind a DraftService on the far end of a
+    gloo pair, drafting for a pipelined engine through a RemoteDrafter (the decoupled pools' data path)."""
+    if mode == "colocated":
+        yield Engine(cfg, target=target, drafter=hybrid)
+        return
+    verify_end, draft_end = channel_pair()
+    server = threading.Thread(target=serve_channel, args=(draft_end, DraftService(hybrid)), daemon=True)
+    server.start()
+    try:
+        yield PipelinedEngine(cfg, target=target, drafter=RemoteDrafter(verify_end, hybrid.hidden_layers))
+    finally:
+        verify_end.send({"kind": "close"})
+        server.join(timeout=30)
+
+
+def source_counts(engine: Engine) -> dict[str, list[int]]:
+    """Per source, from the engine's step records: [chosen drafts, verified tokens, accepted tokens]."""
+    out: dict[str, list[int]] = {}
+    for s in engine.stats:
+        for source, n_ver, n_acc in zip(s.sources or [], s.lengths, s.num_accepted):
+            if source:
+                c = out.setdefault(source, [0, 0, 0])
+                c[0], c[1], c[2] = c[0] + 1, c[1] + n_ver, c[2] + n_acc
+    return out
+
+
+@pytest.mark.parametrize(("mode", "scheduler"), [("colocated", "fixed"), ("colocated", "greedy"),
+                                                 ("colocated", "async"), ("decoupled", "greedy")])
+def test_hybrid_greedy_speculation_equals_hf_generate(tiny_target, mode, scheduler):
     prompts = tiny_prompts(tiny_target.model.config.vocab_size)[:16]
     refs = [hf_greedy(tiny_target, p, 32) for p in prompts]
     docs = self_distilled_docs(tiny_target, tiny_prompts(tiny_target.model.config.vocab_size)[16:], 48, 0.0)
     hybrid = make_hybrid(tiny_target, docs)
     cfg = EngineConfig(target=str(tiny_target.path), drafter="hybrid", scheduler=scheduler,
                        scheduler_kwargs={"k": 5} if scheduler == "fixed" else {}, num_draft_tokens=7, max_num_seqs=8,
-                       max_model_len=512, sps_profile=tiny_sps_path(tiny_target.path))
-    engine = Engine(cfg, target=tiny_target, drafter=hybrid)
-    reqs = engine.generate(prompts, SamplingParams(max_tokens=32, ignore_eos=True))
+                       max_model_len=512, sps_profile=tiny_sps_path(tiny_target.path), draft_gate=False)
+    with hybrid_engine(mode, cfg, tiny_target, hybrid) as engine:
+        reqs = engine.generate(prompts, SamplingParams(max_tokens=32, ignore_eos=True))
     assert [r.output_ids for r in reqs] == refs
-    stats = hybrid.source_stats()
-    assert stats["dspark"]["num_chosen"] > 0 and stats["request"]["num_chosen"] + stats["corpus"]["num_chosen"] > 0
-    assert sum(r.num_accepted for r in reqs) > 0 and not hybrid.suffix._texts  # every request released
+    counts = source_counts(engine)
+    assert counts.get("dspark", [0])[0] > 0 and counts.get("request", [0])[0] + counts.get("corpus", [0])[0] > 0
+    assert sum(r.num_accepted for r in reqs) > 0
+    # every request released (remotely, releases ride on the next message: the last ones never leave)
+    assert not hybrid.suffix._texts if mode == "colocated" else len(hybrid.suffix._texts) <= 8
 
 
 def pit_counts(target, prefixes: list[list[int]], tokens: list[int], rng: np.random.Generator,
@@ -175,25 +213,25 @@ def pit_counts(target, prefixes: list[list[int]], tokens: list[int], rng: np.ran
     return counts
 
 
-def test_hybrid_sampled_tokens_follow_the_target_distribution(tiny_target):
+@pytest.mark.parametrize("mode", ["colocated", "decoupled"])
+def test_hybrid_sampled_tokens_follow_the_target_distribution(tiny_target, mode):
     """T = 1, 3,000 requests of one prompt, 4 tokens each; every token after the first comes out of a
     verification round whose draft is a point mass (request or corpus source) or DSpark's sample, mixed in one
     batch. Positions 2-4 are checked by a chi-square on the PIT bins: 3 tests at ALPHA = 1e-4, so a lossless
-    engine fails with probability <= 3e-4 (fixed seeds: the outcome is deterministic)."""
+    engine fails with probability <= 3e-4 per mode (fixed seeds: the outcome is deterministic)."""
     prompt = tiny_prompts(tiny_target.model.config.vocab_size)[1][:12]
     docs = self_distilled_docs(tiny_target, [prompt] * 64, 6, 1.0)
     hybrid = make_hybrid(tiny_target, docs)
     # fixed k: every drafted token is verified (a load-aware scheduler would skip the random DSpark's drafts)
     cfg = EngineConfig(target=str(tiny_target.path), drafter="hybrid", scheduler="fixed", scheduler_kwargs={"k": 3},
-                       num_draft_tokens=4, max_num_seqs=64, max_model_len=64, sps_profile=tiny_sps_path(tiny_target.path),
-                       prefix_cache_mb=0)
-    engine = Engine(cfg, target=tiny_target, drafter=hybrid)
-    reqs = engine.generate([prompt] * 3000, [SamplingParams(max_tokens=4, temperature=1.0, seed=10_000 + i,
-                                                            ignore_eos=True) for i in range(3000)])
-    stats = hybrid.source_stats()
-    assert stats["dspark"]["num_verified"] > 0 and stats["corpus"]["num_accepted"] > 0  # both kinds verified
+                       num_draft_tokens=4, max_num_seqs=64, max_model_len=64, prefix_cache_mb=0)
+    with hybrid_engine(mode, cfg, tiny_target, hybrid) as engine:
+        reqs = engine.generate([prompt] * 3000, [SamplingParams(max_tokens=4, temperature=1.0, seed=10_000 + i,
+                                                                ignore_eos=True) for i in range(3000)])
+    counts = source_counts(engine)
+    assert counts["dspark"][1] > 0 and counts["corpus"][2] > 0  # both kinds of draft verified and used
     rng = np.random.default_rng(0)
     for pos in (1, 2, 3):
         prefixes = [prompt + r.output_ids[:pos] for r in reqs]
-        counts = pit_counts(tiny_target, prefixes, [r.output_ids[pos] for r in reqs], rng)
-        assert chi_square_pvalue(counts, torch.full((20,), 1 / 20)) > ALPHA, f"position {pos + 1}: {counts}"
+        pit = pit_counts(tiny_target, prefixes, [r.output_ids[pos] for r in reqs], rng)
+        assert chi_square_pvalue(pit, torch.full((20,), 1 / 20)) > ALPHA, f"position {pos + 1}: {pit}"

@@ -64,6 +64,11 @@ SPEC = Board("dspark-spec", "dspark: speculative decoding", [
          "predicted pos {{position}}"),
         (_ratio("dspark_observed_survival_total", "dspark_verified_positions_total", "position"),
          "observed pos {{position}}")], "percentunit"),
+    Panel("Draft source mix: chosen drafts/s by source (suffix / hybrid drafters)", [
+        (f"sum by (arm, source) (rate(dspark_draft_source_chosen_total{{{SEL}}}[{RATE}]))", "{{arm}} {{source}}")]),
+    Panel("Acceptance rate by draft source", [
+        (_ratio("dspark_draft_source_accepted_tokens_total", "dspark_draft_source_verified_tokens_total",
+                "arm, source"), "{{arm}} {{source}}")], "percentunit"),
     Panel("Draft gate (1: drafting)", [
         (f"max by (arm, replica) (dspark_draft_gate_open{{{SEL}}})", "{{arm}} {{replica}}")]),
     Panel("Tokens through the target per step (B)", [

@@ -45,6 +45,25 @@ class EngineMetrics:
                 m.set("dspark_draft_gate_open", self._gate_open)
         self._observe_transport(engine.drafter)
 
+    def _observe_sources(self, s: StepStats) -> None:
+        """Per draft source (multi-source drafters): proposals, chosen drafts, verified/accepted tokens."""
+        m = self.metrics
+        for source, n in (s.num_proposals or {}).items():
+            if n:
+                m.inc("dspark_draft_source_proposals_total", n, source=source)
+        if not s.sources:
+            return
+        for source, length, accepted in zip(s.sources, s.lengths, s.num_accepted):
+            if not source:
+                continue
+            m.inc("dspark_draft_source_chosen_total", 1, source=source)
+            if length:
+                m.inc("dspark_draft_source_verified_tokens_total", length, source=source)
+            if accepted:
+                m.inc("dspark_draft_source_accepted_tokens_total", accepted, source=source)
+            for p in range(accepted):
+                m.inc("dspark_draft_source_accepted_per_pos_total", 1, source=source, position=str(p))
+
     def _observe_step(self, s: StepStats) -> None:
         m = self.metrics
         m.observe("dspark_step_tokens", s.num_tokens)
@@ -71,6 +90,7 @@ class EngineMetrics:
                     predicted[k] = predicted.get(k, 0.0) + survival
                     observed[k] = observed.get(k, 0) + int(accepted > k)
                     reached[k] = reached.get(k, 0) + 1
+        self._observe_sources(s)
         m.inc("vllm:spec_decode_num_drafts_total", num_drafts)
         m.inc("vllm:spec_decode_num_draft_tokens_total", num_draft_tokens)
         m.inc("vllm:spec_decode_num_accepted_tokens_total", num_accepted)

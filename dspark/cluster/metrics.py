@@ -68,6 +68,17 @@ _SPECS = [
     MetricSpec("vllm:spec_decode_num_accepted_tokens_total", "counter", "Verified draft tokens accepted."),
     MetricSpec("vllm:spec_decode_num_accepted_tokens_per_pos_total", "counter",
                "Accepted draft tokens by position in the block (0-based, as vLLM).", ("position",)),
+    MetricSpec("dspark_draft_source_proposals_total", "counter",
+               "Drafts proposed, by source (suffix/hybrid drafters: request, corpus, dspark), chosen or not.",
+               ("source",)),
+    MetricSpec("dspark_draft_source_chosen_total", "counter", "Drafts chosen for verification, by source.",
+               ("source",)),
+    MetricSpec("dspark_draft_source_verified_tokens_total", "counter", "Draft tokens verified, by source.",
+               ("source",)),
+    MetricSpec("dspark_draft_source_accepted_tokens_total", "counter", "Draft tokens accepted, by source.",
+               ("source",)),
+    MetricSpec("dspark_draft_source_accepted_per_pos_total", "counter",
+               "Accepted draft tokens by source and position (0-based).", ("source", "position")),
     # half-integer bounds: an integer l falls in (l - 0.5, l + 0.5], whose midpoint is l, so the sum Ray
     # rebuilds from bucket midpoints (it does not keep the exact sum) is exact
     MetricSpec("dspark_verification_length", "histogram",

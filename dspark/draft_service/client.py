@@ -229,7 +229,8 @@ class RemoteDrafter:
             reply.get("posted_s", 0.0), reply["received_s"], reply["start_s"], reply["end_s"])
         self.spans.append(span)
         self.total_transport_ms += span.transport_ms
-        return DraftOutput(tokens=reply["tokens"], probs=reply["probs"], confidences=reply["confidences"])
+        return DraftOutput(tokens=reply["tokens"], probs=reply["probs"], confidences=reply["confidences"],
+                           sources=reply.get("sources"), num_proposals=reply.get("num_proposals"))
 
     def in_flight_ids(self) -> list[str]:
         """Request ids of the oldest round in flight (what the next `collect` answers for)."""

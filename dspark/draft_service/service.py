@@ -97,7 +97,8 @@ class DraftService:
             usable = [r for r in usable if self._can_draft(r, message["max_num_tokens"])]
             out = self.drafter.propose(usable, message["max_num_tokens"])
         if len(usable) == len(batch):
-            return {"tokens": out.tokens, "probs": out.probs, "confidences": out.confidences}
+            return {"tokens": out.tokens, "probs": out.probs, "confidences": out.confidences,
+                    "sources": out.sources, "num_proposals": out.num_proposals}
         by_id = {r.request_id: i for i, r in enumerate(usable)}  # requests without a draft get none (ℓ = 0)
         return {"tokens": [out.tokens[by_id[r.request_id]] if r.request_id in by_id else [] for r in batch],
                 "probs": None, "confidences": None}

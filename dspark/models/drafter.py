@@ -29,12 +29,18 @@ class DraftOutput:
     # per request (k_r, V): the distributions sampled from; None = deterministic drafts
     probs: list[torch.Tensor] | None = None
     confidences: list[list[float]] | None = None  # per request c_{r,1..k_r}: P(accept k | 1..k-1 accepted)
+    # drafters with several sources (suffix, hybrid): which one drafted each request ("" = none), and how
+    # many proposals each source made this round (chosen or not); for per-source metrics
+    sources: list[str] | None = None
+    num_proposals: dict[str, int] | None = None
 
     def __post_init__(self) -> None:
         if self.probs is not None and len(self.probs) != len(self.tokens):
             raise ValueError("probs must have one entry per request")
         if self.confidences is not None and len(self.confidences) != len(self.tokens):
             raise ValueError("confidences must have one entry per request")
+        if self.sources is not None and len(self.sources) != len(self.tokens):
+            raise ValueError("sources must have one entry per request")
 
 
 class Drafter(Protocol):

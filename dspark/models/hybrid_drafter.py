@@ -88,9 +88,11 @@ class HybridDrafter:
                 if self._step_ms else (now - self._last_propose) * 1e3
         self._last_propose = now
         self.suffix._num_rounds += 1
+        before = {s: v.num_proposals for s, v in self.suffix.stats.items()}
         cheap: list[Proposal | None] = [self.suffix.choose(r, max_num_tokens) for r in requests]
         use_model = [self._model_pays(p, r.temperature) for p, r in zip(cheap, requests)]
         tokens: list[list[int]] = [p.walk.tokens if p else [] for p in cheap]
+        sources = [p.source if p else "" for p in cheap]
         confidences: list[list[float]] = [p.conditional if p else [] for p in cheap]
         probs: list[torch.Tensor] | None = None
         self.suffix.last = {}
@@ -105,6 +107,7 @@ class HybridDrafter:
                 tokens[i] = out.tokens[j]
                 confidences[i] = out.confidences[j] if out.confidences is not None else [0.5] * len(out.tokens[j])
                 self._chosen_model[requests[i].request_id] = requests[i].temperature
+                sources[i] = "dspark" if tokens[i] else ""
             if out.probs is not None:
                 probs = self._point_masses(tokens)
                 for j, i in enumerate(picked):
@@ -115,7 +118,10 @@ class HybridDrafter:
                 self.suffix.last[requests[i].request_id] = p
         self.model_stats.num_proposals += len(picked)
         self.model_stats.num_chosen += len(picked)
-        return DraftOutput(tokens=tokens, probs=probs, confidences=confidences)
+        proposals = {s: v.num_proposals - before[s] for s, v in self.suffix.stats.items()}
+        proposals["dspark"] = len(picked)
+        return DraftOutput(tokens=tokens, probs=probs, confidences=confidences, sources=sources,
+                           num_proposals=proposals)
 
     def _point_masses(self, tokens: list[list[int]]) -> list[torch.Tensor]:
         """One-hot q rows (k, V) for the deterministic drafts of a batch whose sampled drafts carry q."""

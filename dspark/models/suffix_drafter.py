@@ -159,19 +159,24 @@ class SuffixDrafter:
         self._num_rounds += 1
         tokens: list[list[int]] = []
         confidences: list[list[float]] = []
+        sources: list[str] = []
+        before = {s: v.num_proposals for s, v in self.stats.items()}
         self.last = {}
         for req in requests:
             best = self.choose(req, max_num_tokens)
             if best is None:
                 tokens.append([])
                 confidences.append([])
+                sources.append("")
                 continue
             self.stats[best.source].num_chosen += 1
             self.last[req.request_id] = best
             tokens.append(best.walk.tokens)
             confidences.append(best.conditional)
+            sources.append(best.source)
         self.propose_ms = (time.perf_counter() - t0) * 1e3
-        return DraftOutput(tokens=tokens, confidences=confidences)
+        return DraftOutput(tokens=tokens, confidences=confidences, sources=sources,
+                           num_proposals={s: v.num_proposals - before[s] for s, v in self.stats.items()})
 
     def feedback(self, request_ids: list[str], num_verified: list[int], num_accepted: list[int]) -> None:
         """The engine's verdict on the latest round (per-source acceptance for metrics and calibration)."""

@@ -286,7 +286,7 @@ class Engine:
                 self.gate.record_plain(len(active), round_ms)
         self.stats.append(StepStats(len(active), sum(lengths) + len(active), lengths, accepted,
                                     (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3, draft.confidences,
-                                    micro_batch, start_s, time.time()))
+                                    micro_batch, start_s, time.time(), draft.sources, draft.num_proposals))
         self.num_steps += 1
         keep = self.config.max_step_stats
         if keep is not None and len(self.stats) >= 2 * keep:  # amortised: trim once per `keep` steps

@@ -123,7 +123,9 @@ class PipelinedEngine(Engine):
             tokens=[out.tokens[i] if i is not None else [] for i in rows],
             probs=probs,
             confidences=None if out.confidences is None else [
-                out.confidences[i] if i is not None else [] for i in rows])
+                out.confidences[i] if i is not None else [] for i in rows],
+            sources=None if out.sources is None else [out.sources[i] if i is not None else "" for i in rows],
+            num_proposals=out.num_proposals)
 
     def _submit(self, group: int, active: list[Request]) -> None:
         gamma = self.config.num_draft_tokens

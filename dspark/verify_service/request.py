@@ -123,3 +123,5 @@ class StepStats:
     micro_batch: int = 0
     start_s: float = 0.0  # wall clock, for timelines
     end_s: float = 0.0
+    sources: list[str] | None = None  # per request, which source drafted it (multi-source drafters)
+    num_proposals: dict[str, int] | None = None  # per source, proposals made this step (chosen or not)
