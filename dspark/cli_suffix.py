@@ -24,8 +24,12 @@ def _setup(num_threads: int | None) -> None:
 
 
 @suffix_app.command("build")
-def build_cmd(path: Path = SUFFIX_DIR, fresh: bool = typer.Option(False, help="Ignore a persisted index.")) -> None:
-    """Build (or load) the global index of the folder's corpus: tokens, memory, wall time (JSON)."""
+def build_cmd(path: Path = SUFFIX_DIR, fresh: bool = typer.Option(False, help="Ignore a persisted index."),
+              num_requests: int = typer.Option(32, min=0, help="Also time one proposal round for this many requests "
+                                               "(eval-set prompts + 128 greedy-free tokens of context; 0: skip)."),
+              ) -> None:
+    """Build (or load) the global index of the folder's corpus: tokens, memory, wall time, and the cost of one
+    proposal round (both sources, calibrated survival) for `num_requests` requests (JSON)."""
     _setup(None)
     import tempfile
 
@@ -45,12 +49,50 @@ def build_cmd(path: Path = SUFFIX_DIR, fresh: bool = typer.Option(False, help="I
     t1 = time.perf_counter()
     index = SuffixIndex.cached(docs, root=root)  # the persisted copy, as a replica's start-up loads it
     t_load = time.perf_counter() - t1
+    propose_ms = _propose_cost(path, index, num_requests) if num_requests else None
     typer.echo(json.dumps({"num_tokens": index.num_tokens, "num_documents": len(docs),
+                           "propose_ms_per_round": propose_ms, "num_requests": num_requests,
                            "index_mb": round(index.nbytes / 2**20, 1),
                            "mb_per_10m_tokens": round(index.nbytes / 2**20 / max(1, index.num_tokens) * 1e7, 1),
                            "read_s": round(t_read, 2), "build_or_load_s": round(t_index, 2),
                            "load_persisted_s": round(t_load, 2),
                            "peak_rss_mb": round(max(rss0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024)}))
+
+
+def _propose_cost(path: Path, index: object, num_requests: int, num_rounds: int = 200) -> dict:
+    """Median and p90 ms of one `propose` round over `num_requests` requests whose contexts are eval prompts
+    followed by a continuation taken from the index's own text (so the walks find matches, as in serving)."""
+    import statistics
+
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from dspark.bench.prompts import mixed_prompts
+    from dspark.models.drafter import DraftRequest
+    from dspark.models.suffix_drafter import SuffixDrafter
+    from dspark.models.target import resolve_target_path
+    from dspark.spec.source_calibration import SourceCalibration
+
+    tok = AutoTokenizer.from_pretrained(resolve_target_path("smollm2-135m-instruct"))
+    cal = path / "calibration.json"
+    drafter = SuffixDrafter(index, SourceCalibration.load(cal) if cal.exists() else None)  # type: ignore[arg-type]
+    rng = np.random.default_rng(0)
+    text = index.text  # type: ignore[attr-defined]
+    reqs, cursors = [], []
+    for i, (_, ids) in enumerate(mixed_prompts(tok, num_requests)):
+        start = int(rng.integers(0, len(text) - 128 - num_rounds))
+        reqs.append(DraftRequest(f"r{i}", ids + [int(t) for t in text[start:start + 128] if t >= 0], 0.0))
+        cursors.append(start + 128)
+    times = []
+    for _ in range(num_rounds):
+        for q, c in zip(reqs, cursors):  # each round the context grows by one token, as decoding appends
+            q.token_ids.append(int(max(text[c % len(text)], 0)))
+        cursors = [c + 1 for c in cursors]
+        t0 = time.perf_counter()
+        drafter.propose(reqs, 7)
+        times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    return {"median": round(statistics.median(times), 3), "p90": round(times[int(0.9 * len(times))], 3)}
 
 
 @suffix_app.command("calibrate")

@@ -45,7 +45,7 @@ class HybridDrafter:
     def __init__(self, suffix: SuffixDrafter, model: FeatureDrafter | None = None, vocab_size: int | None = None,
                  model_cost_ratio: float | None = None) -> None:
         self.suffix = suffix
-        self.model = model
+        self.feature_drafter = model
         self.vocab_size = vocab_size
         self.hidden_layers: tuple[int, ...] = tuple(getattr(model, "hidden_layers", ())) if model else ()
         self.block_size = getattr(model, "block_size", 7)
@@ -78,8 +78,8 @@ class HybridDrafter:
 
     # ---- the FeatureDrafter interface ------------------------------------------------------------
     def observe(self, request_id: str, features: torch.Tensor) -> None:
-        if self.model is not None:
-            self.model.observe(request_id, features)
+        if self.feature_drafter is not None:
+            self.feature_drafter.observe(request_id, features)
 
     def propose(self, requests: list[DraftRequest], max_num_tokens: int) -> DraftOutput:
         now = time.perf_counter()
@@ -87,9 +87,8 @@ class HybridDrafter:
             self._step_ms = _DECAY * self._step_ms + (1 - _DECAY) * (now - self._last_propose) * 1e3 \
                 if self._step_ms else (now - self._last_propose) * 1e3
         self._last_propose = now
-        self.suffix._num_rounds += 1
         before = {s: v.num_proposals for s, v in self.suffix.stats.items()}
-        cheap: list[Proposal | None] = [self.suffix.choose(r, max_num_tokens) for r in requests]
+        cheap: list[Proposal | None] = self.suffix.choose_batch(requests, max_num_tokens)
         use_model = [self._model_pays(p, r.temperature) for p, r in zip(cheap, requests)]
         tokens: list[list[int]] = [p.walk.tokens if p else [] for p in cheap]
         sources = [p.source if p else "" for p in cheap]
@@ -100,7 +99,7 @@ class HybridDrafter:
         picked = [i for i, m in enumerate(use_model) if m]
         if picked:
             t0 = time.perf_counter()
-            out = self.model.propose([requests[i] for i in picked], max_num_tokens)  # type: ignore[union-attr]
+            out = self.feature_drafter.propose([requests[i] for i in picked], max_num_tokens)  # type: ignore[union-attr]
             ms = (time.perf_counter() - t0) * 1e3
             self._model_ms = _DECAY * self._model_ms + (1 - _DECAY) * ms if self._model_ms else ms
             for j, i in enumerate(picked):
@@ -136,7 +135,7 @@ class HybridDrafter:
 
     def _model_pays(self, cheap: Proposal | None, temperature: float) -> bool:
         """DSpark's expected tokens per unit time beat the free draft's (see the module docstring)."""
-        if self.model is None:
+        if self.feature_drafter is None:
             return False
         regime = regime_of(temperature)
         model_tokens = self._model_acc[regime] / self._model_rounds[regime]
@@ -179,5 +178,5 @@ class HybridDrafter:
     def release(self, request_id: str) -> None:
         self.suffix.release(request_id)
         self._chosen_model.pop(request_id, None)
-        if self.model is not None:
-            self.model.release(request_id)
+        if self.feature_drafter is not None:
+            self.feature_drafter.release(request_id)

@@ -22,13 +22,16 @@ import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from dspark.models.drafter import DraftOutput, DraftRequest
 from dspark.models.suffix_corpus import corpus_paths, read_responses
-from dspark.models.suffix_index import RequestText, SuffixIndex, Walk, WalkParams, _Out
-from dspark.spec.source_calibration import SOURCES, SourceCalibration
+from dspark.models.suffix_index import BatchWalks, RequestText, SuffixIndex, Walk, WalkParams, propose_batch
+from dspark.spec.source_calibration import SOURCES, SourceCalibration, regime_of
 
 log = logging.getLogger(__name__)
 
+_SOURCE_NAMES = ("request", "corpus")  # the native batch's source order
 DEFAULT_SUFFIX_DIR = Path(__file__).resolve().parents[2] / "checkpoints" / "suffix-smollm2"
 
 
@@ -93,7 +96,9 @@ class SuffixDrafter:
         self.config = config or SuffixConfig()
         self.explore = explore  # calibration runs: alternate the sources so both get verified
         self._texts: dict[str, RequestText] = {}
-        self._out: _Out | None = None
+        self._tables: dict[tuple[str, str], np.ndarray | None] = {}
+        self._batch: BatchWalks | None = None
+        self._work = np.zeros(max(1, self.config.walk.max_occurrences), dtype=np.int64)
         self._num_rounds = 0
         self.last: dict[str, Proposal] = {}  # request id -> the chosen proposal of the latest round
         self.stats = {s: SourceStats() for s in self.config.sources}
@@ -122,48 +127,57 @@ class SuffixDrafter:
                      len(docs), index.nbytes / 2**20, time.perf_counter() - t0)
         return cls(index, calibration, config, explore)
 
-    def _proposals(self, req: DraftRequest, max_num_tokens: int) -> list[Proposal]:
-        text = self._texts.get(req.request_id)
-        if text is None:
-            text = self._texts[req.request_id] = RequestText()
-        text.sync(req.token_ids)
-        if self._out is None or len(self._out.tokens) < max_num_tokens:
-            self._out = _Out(max_num_tokens)
-        params = self.config.walk
-        out: list[Proposal] = []
-        for source in self.config.sources:
-            if source == "request":
-                walk = text.walk(max_num_tokens, params, self._out)
-            elif self.index is not None:
-                walk = self.index.walk(text.tokens(), max_num_tokens, params, self._out)
-            else:
-                continue
-            if walk.tokens:
-                cond = self.calibration.conditional(source, req.temperature, walk.freq, walk.count, walk.match)
-                out.append(Proposal(source, walk, cond))
-        return out
+    def _cells(self, source: str, temperature: float) -> int:
+        """Address of the calibration cells of (source, regime) as float32 for the native walk (0: none)."""
+        key = (source, regime_of(temperature))
+        if key not in self._tables:
+            cells = self.calibration.cells(source, temperature)
+            self._tables[key] = None if cells is None else np.asarray(cells, dtype=np.float32)
+        table = self._tables[key]
+        return table.ctypes.data if table is not None else 0
 
-    def choose(self, req: DraftRequest, max_num_tokens: int) -> Proposal | None:
-        """The request's proposal with the most expected accepted tokens (None: no source has one)."""
-        proposals = self._proposals(req, max_num_tokens)
-        for p in proposals:
-            self.stats[p.source].num_proposals += 1
-        if not proposals:
-            return None
-        if self.explore and len(proposals) > 1:  # deterministic alternation: both sources get verified
-            return proposals[(self._num_rounds + zlib.crc32(req.request_id.encode())) % len(proposals)]
-        return max(proposals, key=lambda p: p.expected_tokens)
+    def choose_batch(self, requests: list[DraftRequest], max_num_tokens: int) -> list[Proposal | None]:
+        """Per request, the proposal with the most expected accepted tokens (None: no source has one). Both
+        sources' walks for the whole batch run in one native call; in explore mode (calibration runs) the
+        sources alternate deterministically instead."""
+        self._num_rounds += 1
+        texts = []
+        for req in requests:
+            text = self._texts.get(req.request_id)
+            if text is None:
+                text = self._texts[req.request_id] = RequestText()
+            text.sync(req.token_ids)
+            texts.append(text)
+        regimes = {r.temperature > 0 for r in requests}
+        tables = {t: (self._cells("request", float(t)), self._cells("corpus", float(t))) for t in regimes}
+        out = propose_batch(texts, self.index, self.config.walk, max_num_tokens,
+                            [tables[r.temperature > 0] for r in requests], "request" in self.config.sources,
+                            "corpus" in self.config.sources, self._batch, self._work)
+        self._batch = out
+        chosen: list[Proposal | None] = []
+        has = out.k[:len(requests)] > 0  # (R, 2)
+        for s, source in enumerate(("request", "corpus")):
+            if source in self.stats:
+                self.stats[source].num_proposals += int(has[:, s].sum())
+        for r, req in enumerate(requests):
+            c = int(out.chosen[r])
+            if self.explore and bool(has[r].all()):
+                c = (self._num_rounds + zlib.crc32(req.request_id.encode())) % 2
+            if c < 0:
+                chosen.append(None)
+                continue
+            walk = out.walk(r, c)
+            chosen.append(Proposal(_SOURCE_NAMES[c], walk, walk.conf))
+        return chosen
 
     def propose(self, requests: list[DraftRequest], max_num_tokens: int) -> DraftOutput:
         t0 = time.perf_counter()
-        self._num_rounds += 1
+        before = {s: v.num_proposals for s, v in self.stats.items()}
         tokens: list[list[int]] = []
         confidences: list[list[float]] = []
         sources: list[str] = []
-        before = {s: v.num_proposals for s, v in self.stats.items()}
         self.last = {}
-        for req in requests:
-            best = self.choose(req, max_num_tokens)
+        for req, best in zip(requests, self.choose_batch(requests, max_num_tokens)):
             if best is None:
                 tokens.append([])
                 confidences.append([])

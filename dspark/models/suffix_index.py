@@ -51,16 +51,18 @@ class WalkParams:
 
 @dataclass
 class Walk:
-    """One proposal: k tokens and, per token, its conditional frequency, support and context length."""
+    """One proposal: k tokens and, per token, its conditional frequency, support and context length, and
+    its survival c_k read from the calibration table the walk was given (the raw frequency without one)."""
 
     tokens: list[int]
     freq: list[float]
     count: list[int]
     match: list[int]
+    conf: list[float]
 
     @staticmethod
     def empty() -> Walk:
-        return Walk([], [], [], [])
+        return Walk([], [], [], [], [])
 
     @property
     def expected_tokens(self) -> float:
@@ -80,13 +82,14 @@ class _Out:
         self.freq = np.zeros(max_tokens, dtype=np.float32)
         self.count = np.zeros(max_tokens, dtype=np.int32)
         self.match = np.zeros(max_tokens, dtype=np.int32)
-
-    def ptrs(self) -> tuple[int, int, int, int]:
-        return self.tokens.ctypes.data, self.freq.ctypes.data, self.count.ctypes.data, self.match.ctypes.data
+        self.conf = np.zeros(max_tokens, dtype=np.float32)
+        # addresses once: numpy's .ctypes.data costs microseconds per call, and a round makes 2 walks a request
+        self.ptrs = (self.tokens.ctypes.data, self.freq.ctypes.data, self.count.ctypes.data, self.match.ctypes.data)
+        self.conf_ptr = self.conf.ctypes.data
 
     def walk(self, k: int) -> Walk:
         return Walk(self.tokens[:k].tolist(), self.freq[:k].tolist(), self.count[:k].tolist(),
-                    self.match[:k].tolist())
+                    self.match[:k].tolist(), self.conf[:k].tolist())
 
 
 def build_suffix_array(text: np.ndarray, depth: int = DEFAULT_DEPTH) -> np.ndarray:
@@ -129,6 +132,7 @@ class SuffixIndex:
         self.sa = np.ascontiguousarray(sa, dtype=np.int32)
         self.depth = depth
         self._lib = suffix_native.required()
+        self._text_ptr, self._sa_ptr = self.text.ctypes.data, self.sa.ctypes.data
 
     @classmethod
     def build(cls, docs: Iterable[np.ndarray], depth: int = DEFAULT_DEPTH) -> SuffixIndex:
@@ -171,15 +175,18 @@ class SuffixIndex:
     def nbytes(self) -> int:
         return self.text.nbytes + self.sa.nbytes
 
-    def walk(self, context: np.ndarray, max_tokens: int, params: WalkParams, out: _Out | None = None) -> Walk:
-        """The most frequent continuation of the longest matching suffix of `context` (int32, oldest first)."""
+    def walk(self, context: np.ndarray, max_tokens: int, params: WalkParams, out: _Out | None = None,
+             table: np.ndarray | None = None) -> Walk:
+        """The most frequent continuation of the longest matching suffix of `context` (int32, oldest first);
+        `table`: the calibration cells its survival is read from (SourceCalibration.cells)."""
         if max_tokens <= 0 or len(self.sa) == 0:
             return Walk.empty()
         out = out or _Out(max_tokens)
         ctx = np.ascontiguousarray(context[-params.max_ctx:], dtype=np.int32)
-        k = self._lib.suffix_walk(self.text.ctypes.data, len(self.text), self.sa.ctypes.data, len(self.sa),
+        k = self._lib.suffix_walk(self._text_ptr, len(self.text), self._sa_ptr, len(self.sa),
                                   ctx.ctypes.data, len(ctx), params.min_ctx, params.max_ctx, self.depth, max_tokens,
-                                  params.min_path_prob, params.num_samples, *out.ptrs())
+                                  params.min_path_prob, params.num_samples, *out.ptrs,
+                                  table.ctypes.data if table is not None else None, out.conf_ptr)
         return out.walk(k)
 
 
@@ -188,6 +195,7 @@ class RequestText:
 
     def __init__(self) -> None:
         self.buffer = np.zeros(256, dtype=np.int32)
+        self.ptr = self.buffer.ctypes.data  # moves only when the buffer grows
         self.length = 0
         self._lib = suffix_native.required()
         self._work = np.zeros(0, dtype=np.int64)
@@ -201,6 +209,7 @@ class RequestText:
             grown = np.zeros(max(2 * len(self.buffer), n), dtype=np.int32)
             grown[:self.length] = self.buffer[:self.length]
             self.buffer = grown
+            self.ptr = grown.ctypes.data
         if n > self.length:
             self.buffer[self.length:n] = token_ids[self.length:n]
             self.length = n
@@ -208,7 +217,8 @@ class RequestText:
     def tokens(self) -> np.ndarray:
         return self.buffer[:self.length]
 
-    def walk(self, max_tokens: int, params: WalkParams, out: _Out | None = None) -> Walk:
+    def walk(self, max_tokens: int, params: WalkParams, out: _Out | None = None,
+             table: np.ndarray | None = None) -> Walk:
         if max_tokens <= 0 or self.length < 2:
             return Walk.empty()
         out = out or _Out(max_tokens)
@@ -216,5 +226,57 @@ class RequestText:
             self._work = np.zeros(params.max_occurrences, dtype=np.int64)
         k = self._lib.request_walk(self.buffer.ctypes.data, self.length, params.request_min_ctx,
                                    params.request_max_ctx, max_tokens, params.min_path_prob,
-                                   params.max_occurrences, self._work.ctypes.data, *out.ptrs())
+                                   params.max_occurrences, self._work.ctypes.data, *out.ptrs,
+                                   table.ctypes.data if table is not None else None, out.conf_ptr)
         return out.walk(k)
+
+
+class BatchWalks:
+    """Output buffers of `propose_batch` (both sources for every request of a round), grown as needed."""
+
+    def __init__(self, num_requests: int, max_tokens: int) -> None:
+        r, k = num_requests, max_tokens
+        self.num_requests, self.max_tokens = r, k
+        self.tokens = np.zeros((r, 2, k), dtype=np.int32)
+        self.freq = np.zeros((r, 2, k), dtype=np.float32)
+        self.count = np.zeros((r, 2, k), dtype=np.int32)
+        self.match = np.zeros((r, 2, k), dtype=np.int32)
+        self.conf = np.zeros((r, 2, k), dtype=np.float32)
+        self.k = np.zeros((r, 2), dtype=np.int64)
+        self.expected = np.zeros((r, 2), dtype=np.float32)
+        self.chosen = np.zeros(r, dtype=np.int64)
+        self.seq_ptrs = np.zeros(r, dtype=np.int64)
+        self.seq_lens = np.zeros(r, dtype=np.int64)
+        self.tables = np.zeros(2 * r, dtype=np.int64)
+        self.ptrs = tuple(a.ctypes.data for a in (self.tokens, self.freq, self.count, self.match, self.conf, self.k,
+                                                  self.expected, self.chosen))
+
+    def walk(self, r: int, s: int) -> Walk:
+        k = int(self.k[r, s])
+        return Walk(self.tokens[r, s, :k].tolist(), self.freq[r, s, :k].tolist(), self.count[r, s, :k].tolist(),
+                    self.match[r, s, :k].tolist(), self.conf[r, s, :k].tolist())
+
+
+def propose_batch(texts: list[RequestText], index: SuffixIndex | None, params: WalkParams, max_tokens: int,
+                  tables: list[tuple[int, int]], use_request: bool, use_corpus: bool,
+                  out: BatchWalks | None, work: np.ndarray) -> BatchWalks:
+    """Both sources' walks for every request in ONE native call (see `propose_batch` in suffix_kernels.c);
+    `tables[r]`: the addresses of the (request, corpus) calibration cells of request r's regime (0: none)."""
+    n = len(texts)
+    if out is None or out.num_requests < n or out.max_tokens != max_tokens:
+        out = BatchWalks(max(n, 2 * (out.num_requests if out else 0), 8), max_tokens)
+    for r, (t, (t_req, t_cor)) in enumerate(zip(texts, tables)):
+        out.seq_ptrs[r] = t.ptr
+        out.seq_lens[r] = t.length
+        out.tables[2 * r] = t_req
+        out.tables[2 * r + 1] = t_cor
+    lib = suffix_native.required()
+    has_index = index is not None and len(index.sa) > 0
+    lib.propose_batch(n, out.seq_ptrs.ctypes.data, out.seq_lens.ctypes.data,
+                      index._text_ptr if has_index else None, len(index.text) if has_index else 0,  # type: ignore[union-attr]
+                      index._sa_ptr if has_index else None, len(index.sa) if has_index else 0,  # type: ignore[union-attr]
+                      index.depth if has_index else DEFAULT_DEPTH,  # type: ignore[union-attr]
+                      params.min_ctx, params.max_ctx, params.request_min_ctx, params.request_max_ctx, max_tokens,
+                      params.min_path_prob, params.num_samples, params.max_occurrences, work.ctypes.data,
+                      int(use_request), int(use_corpus), out.tables.ctypes.data, *out.ptrs)
+    return out

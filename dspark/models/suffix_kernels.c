@@ -28,6 +28,23 @@ static int cmp_at(const int32_t *text, int64_t n_text, int64_t s, const int32_t 
 
 static int32_t token_at(const int32_t *text, int64_t n_text, int64_t j) { return j < n_text ? text[j] : -1; }
 
+/* The calibrated conditional survival of an emitted token: the cell (f, n, m, k) of a table laid out as
+ * spec/source_calibration.py's `SourceTable.freeze` lays it out (f in tenths, n = ceil(log2 count) capped at
+ * 6, m in 6 bands of context length, k = position capped at 3), or the raw frequency without a table.
+ * Binning is done in double, as Python does it, so both sides pick the same cell. */
+static float survival_of(const float *table, float freq, int64_t count, int64_t match, int64_t pos) {
+    double fd = (double)freq;
+    if (table == 0) return fd < 0.01 ? 0.01f : fd > 0.99 ? 0.99f : (float)fd;
+    int64_t f = (int64_t)(fd * 10.0);
+    if (f > 9) f = 9;
+    if (f < 0) f = 0;
+    int64_t n = 0;
+    while (n < 6 && ((int64_t)1 << n) < count) n++;
+    int64_t m = match <= 1 ? 0 : match == 2 ? 1 : match == 3 ? 2 : match <= 5 ? 3 : match <= 8 ? 4 : 5;
+    int64_t k = pos > 3 ? 3 : pos;
+    return table[((f * 7 + n) * 6 + m) * 4 + k];
+}
+
 /* [lo, hi) of sa whose suffixes start with p[0..m), searched within [lo0, hi0) */
 static void run_of(const int32_t *text, int64_t n_text, const int32_t *sa, int64_t lo0, int64_t hi0,
                    const int32_t *p, int64_t m, int64_t *lo_out, int64_t *hi_out) {
@@ -55,7 +72,8 @@ static void run_of(const int32_t *text, int64_t n_text, const int32_t *sa, int64
 int64_t suffix_walk(const int32_t *text, int64_t n_text, const int32_t *sa, int64_t n_sa,
                     const int32_t *ctx, int64_t n_ctx, int64_t min_ctx, int64_t max_ctx, int64_t depth,
                     int64_t max_tokens, float min_path_prob, int64_t num_samples,
-                    int32_t *out_tokens, float *out_freq, int32_t *out_count, int32_t *out_match) {
+                    int32_t *out_tokens, float *out_freq, int32_t *out_count, int32_t *out_match,
+                    const float *table, float *out_conf) {
     if (n_sa == 0 || n_ctx <= 0) return 0;
     int32_t pat[256];
     int64_t lo = 0, hi = 0, m = 0;
@@ -111,6 +129,7 @@ int64_t suffix_walk(const int32_t *text, int64_t n_text, const int32_t *sa, int6
         out_freq[k] = freq;
         out_count[k] = (int32_t)(run > 2147483647 ? 2147483647 : run);
         out_match[k] = (int32_t)m;
+        out_conf[k] = survival_of(table, freq, out_count[k], m, k);
         k++;
         lo = a; hi = b; m++;
     }
@@ -122,8 +141,8 @@ int64_t suffix_walk(const int32_t *text, int64_t n_text, const int32_t *sa, int6
  * most recent occurrence's) is emitted and the set narrowed to the occurrences it continues.
  * work: int64 scratch of max_occurrences entries. */
 int64_t request_walk(const int32_t *seq, int64_t n, int64_t min_ctx, int64_t max_ctx, int64_t max_tokens,
-                     float min_path_prob, int64_t max_occurrences, int64_t *work, int32_t *out_tokens, float *out_freq, int32_t *out_count,
-                     int32_t *out_match) {
+                     float min_path_prob, int64_t max_occurrences, int64_t *work, int32_t *out_tokens, float *out_freq,
+                     int32_t *out_count, int32_t *out_match, const float *table, float *out_conf) {
     if (n < 2) return 0;
     int64_t num = 0, m = 0;
     if (max_ctx > n - 1) max_ctx = n - 1;
@@ -164,6 +183,7 @@ int64_t request_walk(const int32_t *seq, int64_t n, int64_t min_ctx, int64_t max
         out_freq[k] = freq;
         out_count[k] = (int32_t)num;
         out_match[k] = (int32_t)m;
+        out_conf[k] = survival_of(table, freq, num, m, k);
         k++;
         int64_t kept = 0;
         for (int64_t a = 0; a < num; a++)
@@ -172,4 +192,44 @@ int64_t request_walk(const int32_t *seq, int64_t n, int64_t min_ctx, int64_t max
         m++;
     }
     return k;
+}
+
+/* One proposal round for R requests, both sources, in one call (what SuffixDrafter.propose runs).
+ * Request r's text is the int32 array at seq_ptrs[r] of length seq_lens[r]; the global index is (text, sa)
+ * (n_sa = 0: none). tables[2r + s] is the calibration table of request r and source s (0 = request,
+ * 1 = corpus) for its regime, or 0 (raw frequency). Outputs, per (r, s): out_k (tokens emitted) and
+ * out_expected (Σ_k Π_{i≤k} c_i); per (r, s, j < max_tokens): the walk's tokens, freq, count, match, conf;
+ * per r: out_chosen, the source with more expected tokens (ties: the request's own text), -1 for none. */
+void propose_batch(int64_t R, const int64_t *seq_ptrs, const int64_t *seq_lens,
+                   const int32_t *text, int64_t n_text, const int32_t *sa, int64_t n_sa, int64_t depth,
+                   int64_t min_ctx, int64_t max_ctx, int64_t req_min_ctx, int64_t req_max_ctx, int64_t max_tokens,
+                   float min_path_prob, int64_t num_samples, int64_t max_occurrences, int64_t *work,
+                   int64_t use_request, int64_t use_corpus, const int64_t *tables,
+                   int32_t *out_tokens, float *out_freq, int32_t *out_count, int32_t *out_match, float *out_conf,
+                   int64_t *out_k, float *out_expected, int64_t *out_chosen) {
+    for (int64_t r = 0; r < R; r++) {
+        const int32_t *seq = (const int32_t *)seq_ptrs[r];
+        int64_t n = seq_lens[r];
+        for (int64_t s = 0; s < 2; s++) {
+            int64_t o = (r * 2 + s) * max_tokens, k = 0;
+            const float *table = (const float *)tables[r * 2 + s];
+            if (s == 0 && use_request)
+                k = request_walk(seq, n, req_min_ctx, req_max_ctx, max_tokens, min_path_prob, max_occurrences, work,
+                                 out_tokens + o, out_freq + o, out_count + o, out_match + o, table, out_conf + o);
+            else if (s == 1 && use_corpus && n_sa > 0) {
+                int64_t c = n < max_ctx ? n : max_ctx;
+                k = suffix_walk(text, n_text, sa, n_sa, seq + n - c, c, min_ctx, max_ctx, depth, max_tokens,
+                                min_path_prob, num_samples, out_tokens + o, out_freq + o, out_count + o, out_match + o,
+                                table, out_conf + o);
+            }
+            float expected = 0.0f, path = 1.0f;
+            for (int64_t j = 0; j < k; j++) { path *= out_conf[o + j]; expected += path; }
+            out_k[r * 2 + s] = k;
+            out_expected[r * 2 + s] = expected;
+        }
+        int64_t best = -1;
+        if (out_k[r * 2] > 0) best = 0;
+        if (out_k[r * 2 + 1] > 0 && (best < 0 || out_expected[r * 2 + 1] > out_expected[r * 2])) best = 1;
+        out_chosen[r] = best;
+    }
 }

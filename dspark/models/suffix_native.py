@@ -46,10 +46,13 @@ def library() -> ctypes.CDLL | None:
         tmp.replace(out)  # atomic: a concurrent builder's identical file may win, either is fine
     lib = ctypes.CDLL(str(out))
     ptr, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-    lib.suffix_walk.argtypes = [ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, i64, f32, i64, ptr, ptr, ptr, ptr]
+    lib.suffix_walk.argtypes = [ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, i64, f32, i64] + [ptr] * 6
     lib.suffix_walk.restype = i64
-    lib.request_walk.argtypes = [ptr, i64, i64, i64, i64, f32, i64, ptr, ptr, ptr, ptr, ptr]
+    lib.request_walk.argtypes = [ptr, i64, i64, i64, i64, f32, i64] + [ptr] * 7
     lib.request_walk.restype = i64
+    lib.propose_batch.argtypes = ([i64, ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, i64, i64, i64, f32, i64, i64, ptr,
+                                   i64, i64, ptr] + [ptr] * 8)
+    lib.propose_batch.restype = None
     return lib
 
 

@@ -91,6 +91,16 @@ class SourceCalibration:
     def table(self, source: str, regime: str) -> SourceTable | None:
         return self.tables.get(regime, {}).get(source)
 
+    def cells(self, source: str, temperature: float) -> list[float] | None:
+        """The table's estimates in (f, n, m, k) row-major order (the layout the native walk reads), or None
+        where the source has no data in this regime."""
+        table = self.table(source, regime_of(temperature))
+        if table is None or table.num_trials == 0:
+            return None
+        if table._table is None:
+            table.freeze()
+        return table._table
+
     def conditional(self, source: str, temperature: float, freq: list[float], count: list[int],
                     match: list[int]) -> list[float]:
         table = self.table(source, regime_of(temperature))
