@@ -15,6 +15,7 @@ import torch
 
 from dspark.draft_service.client import RemoteDrafter
 from dspark.draft_service.service import DraftService, serve_channel
+from dspark.models.drafter import DraftRequest
 from dspark.models.dspark_drafter import DSparkDrafter
 from dspark.models.hybrid_drafter import HybridDrafter
 from dspark.models.suffix_drafter import SuffixConfig, SuffixDrafter
@@ -235,3 +236,26 @@ def test_hybrid_sampled_tokens_follow_the_target_distribution(tiny_target, mode)
         prefixes = [prompt + r.output_ids[:pos] for r in reqs]
         pit = pit_counts(tiny_target, prefixes, [r.output_ids[pos] for r in reqs], rng)
         assert chi_square_pvalue(pit, torch.full((20,), 1 / 20)) > ALPHA, f"position {pos + 1}: {pit}"
+
+
+def test_native_walks_read_the_same_calibration_cells_as_python():
+    """The C walk bins (f, n, m, k) itself to read c_k: it must pick the cell Python's `feature_bins` picks."""
+    rng = np.random.default_rng(4)
+    cal = SourceCalibration()
+    for _ in range(20_000):  # a distinct rate in many cells
+        f, n, m, k = float(rng.random()), int(rng.integers(1, 80)), int(rng.integers(1, 12)), int(rng.integers(1, 8))
+        cal.record("corpus", 0.0, [f] * k, [n] * k, [m] * k, k, k - 1 if rng.random() < f else 0)
+    cal.record("request", 0.0, [0.5], [1], [1], 1, 1)
+    docs = random_docs(6, num_docs=2000, vocab=6)
+    index = SuffixIndex.build(docs)
+    drafter = SuffixDrafter(index, cal, SuffixConfig(walk=WalkParams(min_path_prob=0.0)))
+    reqs = [DraftRequest(f"r{i}", rng.integers(0, 6, size=30).tolist(), 0.0) for i in range(50)]
+    checked = 0
+    for p in drafter.choose_batch(reqs, 7):
+        if p is None:
+            continue
+        w = p.walk
+        expected = cal.conditional(p.source, 0.0, w.freq, w.count, w.match)
+        assert w.conf == pytest.approx(expected, rel=1e-6)
+        checked += len(w.conf)
+    assert checked > 100
