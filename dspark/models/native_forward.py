@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 
 from dspark.models import native
 
@@ -59,20 +58,27 @@ def _logits(runner: TargetRunner, x: torch.Tensor, flat: _Flat, hidden: dict[int
     from dspark.models.runner import ForwardOutput
 
     rows = x[torch.tensor(flat.logit_rows)] if len(flat.logit_rows) < x.shape[0] else x
-    kernel = runner.gemm_plan.kernel(rows.shape[0], is_head=True)
-    logits = runner.lm_head(F.rms_norm(rows, (rows.shape[-1],), runner.final_norm, runner.eps), kernel)
-    return ForwardOutput(logits=logits, hidden_states=hidden)
+    return ForwardOutput(logits=runner.logits(rows), hidden_states=hidden)
 
 
-def _rotary(runner: TargetRunner, x: torch.Tensor, flat: _Flat) -> tuple[torch.Tensor, torch.Tensor]:
-    cos, sin = runner.rotary(x[None], flat.positions[None])
-    return cos[0].contiguous(), sin[0].contiguous()  # (T, hd)
+def _rotary(runner: TargetRunner, x: torch.Tensor, flat: _Flat) -> dict[str | None, tuple[torch.Tensor, torch.Tensor]]:
+    return {key: (cos.contiguous(), sin.contiguous())  # (T, hd)
+            for key, (cos, sin) in runner._rotary_tables(x, flat.positions).items()}
+
+
+def _window_rows(flat: _Flat, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(first key row, number of keys) per token for a layer with this sliding window: the last `window`
+    positions of its slot, its own included (HF's sliding-window mask)."""
+    if window is None:
+        return flat.key_row, flat.num_keys
+    first = (flat.positions + 1 - window).clamp(min=0)
+    return flat.key_row + first, flat.positions + 1 - first
 
 
 def forward_fused(runner: TargetRunner, chunks: list[SeqChunk], hidden_layers: tuple[int, ...]) -> ForwardOutput:
     flat = _flatten(chunks, runner.cache.max_model_len)
-    x = F.embedding(flat.ids, runner.embed).contiguous()  # (T, D), updated in place layer by layer
-    cos, sin = _rotary(runner, x, flat)
+    x = runner.embed_tokens(flat.ids).contiguous()  # (T, D), updated in place layer by layer
+    cos, sin = _rotary(runner, x, flat)[None]  # plain Llama layers only: one table
     hidden = {0: x.clone()} if 0 in hidden_layers else {}
     hidden |= runner.fused.forward(x, runner.cache.k, runner.cache.v, flat.cache_row, flat.key_row, flat.num_keys,
                                    cos, sin, flat.max_keys, hidden_layers)
@@ -81,23 +87,27 @@ def forward_fused(runner: TargetRunner, chunks: list[SeqChunk], hidden_layers: t
 
 def forward_native_attention(runner: TargetRunner, chunks: list[SeqChunk],
                              hidden_layers: tuple[int, ...]) -> ForwardOutput:
-    from dspark.models.runner import attention_out_and_mlp  # runner imports this module
+    from dspark.models.runner import attention_out_and_mlp, head_norms, rms_norm  # runner imports this module
 
     flat = _flatten(chunks, runner.cache.max_model_len)
-    x = F.embedding(flat.ids, runner.embed)  # (T, D)
-    cos, sin = _rotary(runner, x, flat)
+    x = runner.embed_tokens(flat.ids)  # (T, D)
+    tables = _rotary(runner, x, flat)
+    keys = {ly.window: _window_rows(flat, ly.window) for ly in runner.layers}
     hidden: dict[int, torch.Tensor] = {0: x} if 0 in hidden_layers else {}
     num_tokens = x.shape[0]
     kernel = runner.gemm_plan.kernel(num_tokens)
     num_heads, num_kv, hd = runner.num_heads, runner.num_kv_heads, runner.head_dim
     for i, layer in enumerate(runner.layers):
-        h = (native.rms_norm(x, layer.in_norm, runner.eps) if x.dtype == torch.float32
-             else F.rms_norm(x, (x.shape[-1],), layer.in_norm, runner.eps))
-        qkv = layer.qkv(h, kernel).contiguous()  # (T, (H + 2 KV) * hd)
+        qkv = layer.qkv(rms_norm(x, layer.in_norm, runner.eps), kernel).contiguous()  # (T, (H + 2 KV) * hd)
+        if layer.q_norm is not None:  # per-head q / k norms before the rotary, in place
+            qk = qkv[:, :(num_heads + num_kv) * hd].view(num_tokens, num_heads + num_kv, hd)
+            qk.copy_(head_norms(qk, layer, num_heads, runner.eps))
+        cos, sin = tables[layer.rotary_key]
         native.rotary_cache_write(qkv, cos, sin, runner.cache.k[i], runner.cache.v[i], flat.cache_row, num_heads)
+        key_row, num_keys = keys[layer.window]
         attn = native.attention(qkv.view(num_tokens, num_heads + 2 * num_kv, hd), num_heads, runner.cache.k[i],
-                                runner.cache.v[i], flat.key_row, flat.num_keys, flat.max_keys, runner.scale)
-        x = attention_out_and_mlp(layer, x, attn, kernel, runner.eps)
+                                runner.cache.v[i], key_row, num_keys, flat.max_keys, runner.scale)
+        x = attention_out_and_mlp(layer, x, attn, kernel, runner.eps, runner.activation)
         if i + 1 in hidden_layers:
             hidden[i + 1] = x
     return _logits(runner, x, flat, hidden)

@@ -1,4 +1,9 @@
-"""Flattened variable-length forward pass of a Llama-family target over a slot KV cache.
+"""Flattened variable-length forward pass of a decoder-only target over a slot KV cache.
+
+Every family described in `family.py` (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Phi-3, Gemma 3) runs here:
+the description says which norms, activation, scales, sliding windows and experts a layer has; this file
+holds the math once. `TargetRunner(model, ...)` of any other causal LM returns the generic transformers
+runner (`generic_runner.py`) and logs why.
 
 One call runs every participating request's new tokens (a prompt chunk, or 1 + ℓ_r verification
 tokens) as ONE flattened (T, D) batch through the linear layers: no request is padded to the longest
@@ -12,6 +17,7 @@ measurement found fastest at its row count (`gemm_plan.py`).
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -19,13 +25,24 @@ import torch
 import torch.nn.functional as F
 
 from dspark.models import native
+from dspark.models.family import (
+    LayerWeights,
+    activation_of,
+    architecture_of,
+    family_of,
+    is_plain_llama,
+    layer_weights,
+    query_scale,
+    unsupported_reason,
+)
 from dspark.models.gemm_plan import GemmPlan, PlannedLinear, plan_for
 from dspark.models.kv_cache import KVCachePool
 from dspark.models.native import FusedDecoder
 from dspark.models.native_forward import forward_fused, forward_native_attention
 from dspark.models.target import cache_dir
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+log = logging.getLogger(__name__)
+
 # Keys attention reads per step, rounded up to a multiple of this (masked past the real length) where
 # the runner must be row-invariant in a low-precision dtype: the CPU SDPA kernel's bf16 result for a
 # query is then the same whatever else the step holds (blocks of 64: bf16 speculation equals bf16
@@ -58,28 +75,38 @@ class ForwardOutput:
     hidden_states: dict[int, torch.Tensor]  # layer index -> (T, D) for the requested layers
 
 
-@dataclass
-class _Layer:
-    in_norm: torch.Tensor
-    qkv: PlannedLinear
-    o: PlannedLinear
-    post_norm: torch.Tensor
-    gate_up: PlannedLinear
-    down: PlannedLinear
+def native_blocker(model: torch.nn.Module) -> str | None:
+    """Why this model cannot run on the flattened runner (None: it can)."""
+    family = family_of(model)
+    if family is None:
+        return f"no native description of {architecture_of(model)} (dspark/models/family.py)"
+    return unsupported_reason(family, model.config)
 
 
 class TargetRunner:
-    """Runs a Llama-family HF causal LM over flattened variable-length batches."""
+    """Runs a HF causal LM over flattened variable-length batches (any family `family.py` describes).
+
+    Constructing one for a model no family describes returns a `GenericRunner` instead (same interface):
+    no architecture that transformers loads is refused."""
+
+    def __new__(cls, model: torch.nn.Module, *args: object, **kwargs: object) -> TargetRunner:
+        reason = native_blocker(model) if cls is TargetRunner else None
+        if reason is None:
+            return super().__new__(cls)
+        from dspark.models.generic_runner import GenericRunner
+
+        log.info("target %s: the generic transformers path (generic_runner.py), "
+                 "because %s", architecture_of(model), reason)
+        return GenericRunner(model, *args, **kwargs)  # type: ignore[return-value]  # same interface
 
     def __init__(self, model: torch.nn.Module, max_num_seqs: int, max_model_len: int,
                  gemm_plan: GemmPlan | None = None, row_invariant: bool = True) -> None:
         """`row_invariant`: only GEMM kernels whose rows do not depend on the row count (bf16: see
         `gemm_plan`); verification needs it, bulk target-only generation does not."""
-        arch = (model.config.architectures or [type(model).__name__])[0]
-        if type(model).__name__ not in SUPPORTED_ARCHITECTURES and arch not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"architecture {arch} is not supported by the flattened runner "
-                             f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+        family = family_of(model)
+        assert family is not None  # __new__ sent every other model to the generic runner
         cfg = model.config
+        self.family = family
         self.config = cfg
         self.num_layers = cfg.num_hidden_layers
         self.num_heads = cfg.num_attention_heads
@@ -87,16 +114,28 @@ class TargetRunner:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.eps = cfg.rms_norm_eps
         self.vocab_size = cfg.vocab_size
-        self.scale = self.head_dim ** -0.5
+        self.scale = query_scale(cfg, self.head_dim)
+        self.activation = activation_of(cfg)
+        self.logit_softcap: float | None = getattr(cfg, "final_logit_softcapping", None)
         first = next(model.parameters())
         self.device, self.dtype = first.device, first.dtype
         base = model.model
         self.embed = base.embed_tokens.weight
-        self.final_norm = base.norm.weight
+        # Gemma: embeddings × √D, rounded to the weights' dtype as HF does
+        self.embed_scale = (torch.tensor(cfg.hidden_size ** 0.5).to(self.dtype).item()
+                            if family.scales_embeddings else None)
+        self.final_norm = (base.norm.weight.detach().float() + family.norm_offset if family.norm_offset
+                           else base.norm.weight)
         self.lm_head = PlannedLinear(model.lm_head.weight, name="lm_head")
         self.rotary = base.rotary_emb
-        self.layers = [self._fuse(layer) for layer in base.layers]
-        linears = [lin for ly in self.layers for lin in (ly.qkv, ly.o, ly.gate_up, ly.down)]
+        self.layers = [layer_weights(family, layer, i, cfg) for i, layer in enumerate(base.layers)]
+        for ly in self.layers:
+            if ly.window is not None and ly.window >= max_model_len:
+                ly.window = None  # never reached: full attention (and the native paths) computes the same
+        probe = torch.zeros(1, 1, self.head_dim, dtype=self.dtype, device=self.device)
+        self.rotary_dim = self._rotary_tables(probe[0], torch.zeros(1, dtype=torch.long,
+                                                                     device=self.device))[self.layers[0].rotary_key][0].shape[-1]
+        linears = [lin for ly in self.layers for lin in (ly.qkv, ly.o, ly.gate_up, ly.down) if lin is not None]
         if gemm_plan is None:
             gemm_plan = plan_for(linears, self.lm_head, cache_dir(), row_invariant)
         elif gemm_plan.uses_packed:
@@ -110,13 +149,14 @@ class TargetRunner:
         # GEMM fastest at that row count (PyTorch's small ops cost as much as the math there)
         self.fused = (FusedDecoder(self.layers, self.num_heads, self.num_kv_heads, self.head_dim, self.eps,
                                    self.scale) if "native" in gemm_plan.layer_kernels.values()
+                      and is_plain_llama(family, self.layers, cfg, self.rotary_dim, self.head_dim)
                       and FusedDecoder.supports(self.layers)
                       and native.supports_attention(torch.float32, self.num_heads, self.num_kv_heads, self.head_dim)
                       else None)
         # attention of decode / verify tokens in native code at any batch: the CPU SDPA kernel was ~1/3 of a
         # large fp32 step and half of a bf16 one. bf16 only where rows need not match the SDPA path's rounding
         # (bulk generation): bf16 verification keeps the key-block-padded SDPA path its losslessness tests cover
-        self.native_attention = (self.device.type == "cpu"
+        self.native_attention = (self.device.type == "cpu" and self.rotary_dim == self.head_dim
                                  and (self.dtype == torch.float32 or not row_invariant)
                                  and native.supports_attention(self.dtype, self.num_heads, self.num_kv_heads,
                                                                self.head_dim))
@@ -142,20 +182,26 @@ class TargetRunner:
             or c.start_pos + len(c.token_ids) <= NATIVE_ATTENTION_MAX_KEYS
             for c in chunks)
 
-    @staticmethod
-    def _fuse(layer: torch.nn.Module) -> _Layer:
-        attn, mlp = layer.self_attn, layer.mlp
-        qkv_b = None
-        if attn.q_proj.bias is not None:
-            qkv_b = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).detach()
-        return _Layer(
-            in_norm=layer.input_layernorm.weight.detach(),
-            qkv=PlannedLinear(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]), qkv_b),
-            o=PlannedLinear(attn.o_proj.weight),
-            post_norm=layer.post_attention_layernorm.weight.detach(),
-            gate_up=PlannedLinear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
-            down=PlannedLinear(mlp.down_proj.weight),
-        )
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        x = F.embedding(ids, self.embed)  # (T, D)
+        return x * self.embed_scale if self.embed_scale is not None else x
+
+    def _rotary_tables(self, x: torch.Tensor, positions: torch.Tensor) -> dict[str | None, tuple[torch.Tensor, ...]]:
+        """cos, sin (T, rotary_dim) per rotary table the layers use (Gemma 3: one per layer type)."""
+        tables = {}
+        for key in {ly.rotary_key for ly in self.layers}:
+            cos, sin = (self.rotary(x[None], positions[None]) if key is None
+                        else self.rotary(x[None], positions[None], key))
+            tables[key] = (cos[0], sin[0])
+        return tables
+
+    def logits(self, rows: torch.Tensor) -> torch.Tensor:
+        """Final norm, LM head and (Gemma) soft-capping of the rows (N, D) that want logits."""
+        kernel = self.gemm_plan.kernel(rows.shape[0], is_head=True)
+        logits = self.lm_head(rms_norm(rows, self.final_norm, self.eps), kernel)
+        if self.logit_softcap is not None:
+            logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
+        return logits
 
     @torch.inference_mode()
     def forward(self, chunks: list[SeqChunk], hidden_layers: tuple[int, ...] = ()) -> ForwardOutput:
@@ -206,16 +252,21 @@ class TargetRunner:
         pad_idx = None if is_dense else torch.tensor(pad_rows, device=dev)
         # key k visible to padded query i of row s iff k <= start_s + i (causal within the chunk)
         q_pos = row_start.to(dev)[:, None] + torch.arange(q_max, device=dev)[None, :]  # (R, q_max)
-        mask = torch.arange(num_keys, device=dev)[None, None, :] <= q_pos[:, :, None]  # (R, q_max, L_k)
+        key_pos = torch.arange(num_keys, device=dev)[None, None, :]
         # queries of the G heads that share a KV head fold into one (G * q_max) query block per KV
         # head: the attention then reads each KV head once instead of G times (2x at decode on CPU)
         group = self.num_heads // self.num_kv_heads
-        mask = mask.repeat(1, group, 1)[:, None]  # (R, 1, G * q_max, L_k)
-        group_masks = [mask[lo:hi, :, :, :keys].contiguous() for lo, hi, keys in attn_groups]
+        group_masks: dict[int | None, list[torch.Tensor]] = {}  # per sliding window (None: full attention)
+        for window in {ly.window for ly in self.layers}:
+            mask = key_pos <= q_pos[:, :, None]  # (R, q_max, L_k)
+            if window is not None:  # HF's sliding window: the last `window` positions, the query's included
+                mask &= key_pos > q_pos[:, :, None] - window
+            mask = mask.repeat(1, group, 1)[:, None]  # (R, 1, G * q_max, L_k)
+            group_masks[window] = [mask[lo:hi, :, :, :keys].contiguous() for lo, hi, keys in attn_groups]
 
-        x = F.embedding(ids, self.embed)  # (T, D)
-        cos, sin = self.rotary(x[None], pos_idx[None])
-        cos, sin = cos[0][:, None, :], sin[0][:, None, :]  # (T, 1, hd)
+        x = self.embed_tokens(ids)  # (T, D)
+        tables = {key: (cos[:, None, :], sin[:, None, :])  # (T, 1, rotary_dim)
+                  for key, (cos, sin) in self._rotary_tables(x, pos_idx).items()}
         hidden: dict[int, torch.Tensor] = {}
         if 0 in hidden_layers:
             hidden[0] = x
@@ -224,10 +275,9 @@ class TargetRunner:
         cache_rows = self.cache.rows(slot_idx, pos_idx)
         nq, nkv, hd = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, self.head_dim
         for i, layer in enumerate(self.layers):
-            h = F.rms_norm(x, (x.shape[-1],), layer.in_norm, self.eps)
-            qkv = layer.qkv(h, kernel)
+            qkv = layer.qkv(rms_norm(x, layer.in_norm, self.eps, allow_native=False), kernel)
             qk = qkv[:, :nq + nkv].view(num_tokens, self.num_heads + self.num_kv_heads, hd)
-            qk = qk * cos + _rotate_half(qk) * sin  # rotary on q and k at once
+            qk = self._rotary(head_norms(qk, layer, self.num_heads, self.eps), *tables[layer.rotary_key])
             q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
             v = qkv[:, nq + nkv:].view(num_tokens, self.num_kv_heads, hd)
             self.cache.write(i, cache_rows, k, v)
@@ -241,7 +291,7 @@ class TargetRunner:
             # path whose rounding depends on the batch (bf16 logits would change with the step's shape)
             q_grouped = q_pad.reshape(num_rows, self.num_kv_heads, group * q_max, hd).contiguous()
             parts = []
-            for (lo, hi, keys), group_mask in zip(attn_groups, group_masks):
+            for (lo, hi, keys), group_mask in zip(attn_groups, group_masks[layer.window]):
                 k_all, v_all = self.cache.view(i, slot_lo + hi, keys)
                 parts.append(F.scaled_dot_product_attention(
                     q_grouped[lo:hi], k_all[slot_lo + lo:], v_all[slot_lo + lo:], attn_mask=group_mask,
@@ -250,13 +300,19 @@ class TargetRunner:
             attn = attn.view(num_rows, self.num_heads, q_max, hd).transpose(1, 2).reshape(num_rows * q_max, nq)
             if pad_idx is not None:
                 attn = attn[pad_idx]  # (T, H*hd)
-            x = attention_out_and_mlp(layer, x, attn, kernel, self.eps)
+            x = attention_out_and_mlp(layer, x, attn, kernel, self.eps, self.activation)
             if i + 1 in hidden_layers:
                 hidden[i + 1] = x
         rows = x[torch.tensor(logit_rows, device=dev)] if len(logit_rows) < num_tokens else x
-        head_kernel = self.gemm_plan.kernel(rows.shape[0], is_head=True)
-        logits = self.lm_head(F.rms_norm(rows, (rows.shape[-1],), self.final_norm, self.eps), head_kernel)
-        return ForwardOutput(logits=logits, hidden_states=hidden)
+        return ForwardOutput(logits=self.logits(rows), hidden_states=hidden)
+
+    def _rotary(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotary on q and k at once (T, H + KV, hd); a partial rotary (Phi-3 with partial_rotary_factor < 1)
+        turns only the first rotary_dim features of each head."""
+        if self.rotary_dim == self.head_dim:
+            return qk * cos + _rotate_half(qk) * sin
+        turned, kept = qk[..., :self.rotary_dim], qk[..., self.rotary_dim:]
+        return torch.cat([turned * cos + _rotate_half(turned) * sin, kept], dim=-1)
 
     def _attention_groups(self, row_end: list[int], block: int) -> list[tuple[int, int, int]]:
         """(first row, end row, keys to read) per attention call.
@@ -280,15 +336,40 @@ class TargetRunner:
         return groups
 
 
-def attention_out_and_mlp(layer: _Layer, x: torch.Tensor, attn: torch.Tensor, kernel: str, eps: float) -> torch.Tensor:
-    """The rest of a decoder layer after attention (T, H*hd): o projection and residual, then the MLP block."""
-    x = x + layer.o(attn, kernel)
-    if x.dtype == torch.float32 and x.device.type == "cpu" and native.is_available():  # one pass each
-        gate_up = layer.gate_up(native.rms_norm(x, layer.post_norm, eps), kernel)
-        return x + layer.down(native.silu_mul(gate_up), kernel)
-    h = F.rms_norm(x, (x.shape[-1],), layer.post_norm, eps)
-    gate, up = layer.gate_up(h, kernel).chunk(2, dim=-1)
-    return x + layer.down(F.silu(gate) * up, kernel)
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, allow_native: bool = True) -> torch.Tensor:
+    """RMSNorm over the last dim. A weight kept in fp32 for a low-precision x (Gemma's 1 + w) normalises in
+    fp32 and rounds once, as HF does; fp32 CPU rows take the native one-pass kernel where allowed."""
+    if weight.dtype != x.dtype:
+        return F.rms_norm(x.float(), (x.shape[-1],), weight, eps).to(x.dtype)
+    if allow_native and x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2 and native.is_available():
+        return native.rms_norm(x, weight, eps)
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def head_norms(qk: torch.Tensor, layer: LayerWeights, num_heads: int, eps: float) -> torch.Tensor:
+    """Qwen3 / Gemma 3: each query head and each key head RMS-normalised (T, H + KV, hd) before the rotary."""
+    if layer.q_norm is None:
+        return qk
+    return torch.cat([rms_norm(qk[:, :num_heads], layer.q_norm, eps),
+                      rms_norm(qk[:, num_heads:], layer.k_norm, eps)], dim=1)
+
+
+def attention_out_and_mlp(layer: LayerWeights, x: torch.Tensor, attn: torch.Tensor, kernel: str, eps: float,
+                          activation: str = "silu") -> torch.Tensor:
+    """The rest of a decoder layer after attention (T, H*hd): o projection (Gemma: its output norm) and
+    residual, then the MLP block (dense gate|up, or the sparse experts) and its residual."""
+    out = layer.o(attn, kernel)
+    x = x + (out if layer.attn_out_norm is None else rms_norm(out, layer.attn_out_norm, eps))
+    h = rms_norm(x, layer.post_norm, eps)
+    if layer.moe is not None:
+        y = layer.moe(h)
+    elif activation == "silu" and h.dtype == torch.float32 and h.device.type == "cpu" and native.is_available():
+        y = layer.down(native.silu_mul(layer.gate_up(h, kernel)), kernel)  # one pass for SiLU·up
+    else:
+        gate, up = layer.gate_up(h, kernel).chunk(2, dim=-1)
+        act = F.silu(gate) if activation == "silu" else F.gelu(gate, approximate="tanh")
+        y = layer.down(act * up, kernel)
+    return x + (y if layer.mlp_out_norm is None else rms_norm(y, layer.mlp_out_norm, eps))
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

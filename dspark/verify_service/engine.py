@@ -160,7 +160,10 @@ class Engine:
         self._last_round: tuple[float, float] | None = None  # perf_counter start and end of the last round
         self._prefill_ms = 0.0  # admission (prefill) time since the last round, kept out of the gate's O
         self._rider_logits: torch.Tensor | None = None  # the riders' logits of the last round (see _round)
-        self.prefix_cache = PrefixCache(config.prefix_cache_mb * 2**20) if config.prefix_cache_mb > 0 else None
+        # off on the generic runner (generic_runner.py): its requests keep HF caches, no shared K/V rows
+        self.prefix_cache = (PrefixCache(config.prefix_cache_mb * 2**20)
+                             if config.prefix_cache_mb > 0 and getattr(self.runner, "supports_prefix_cache", True)
+                             else None)
         self.waiting: list[Request] = []
         self.running: list[Request] = []  # index i holds the request in cache slot i
         self.stats: list[StepStats] = []
