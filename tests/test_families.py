@@ -149,3 +149,35 @@ def test_generic_path_speed_beside_the_native_path_on_llama(tiny_target: TargetM
     print(f"\ntiny Llama, 8 requests x 32 tokens, target-only: native {num_tokens / results['native'][0]:.0f} tok/s, "
           f"generic {num_tokens / results['generic'][0]:.0f} tok/s "
           f"({results['generic'][0] / results['native'][0]:.1f}x the time)")
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "qwen3_moe", "gemma3", "phi3", "olmo2"])
+def test_drafters_built_from_each_family_load_only_against_their_target(family_targets, kind, tmp_path):
+    """DSpark / DFlash / EAGLE-3 / MTP-1 built from the target's config (sizes, tapped layers, vocab, signature),
+    started from its layers, saved and loaded by name; against another target the load is refused with why."""
+    from dspark.models.drafter import make_drafter
+    from dspark.models.dspark import DSparkModel
+    from dspark.models.dspark_config import DSparkConfig, default_target_layers
+    from dspark.models.eagle3 import Eagle3Model
+    from dspark.models.eagle3_config import Eagle3Config
+    from tests.tiny_drafters import NUM_DRAFT_VOCAB, draft_vocab, save_tiny_baseline
+
+    target, other = family_targets[kind], family_targets["qwen3" if kind != "qwen3" else "phi3"]
+    cfg = DSparkConfig.from_target(target.model.config, NUM_DRAFT_VOCAB, num_layers=1)
+    assert cfg.target["architecture"] == target.model.config.architectures[0]
+    assert cfg.target_layers == [1, 2] and cfg.target_hidden_size == 64
+    model = DSparkModel(cfg, draft_vocab(target.model.config.vocab_size))
+    if kind in GENERIC:  # no description to copy layers by: said so, the drafter trains from random weights
+        with pytest.raises(ValueError, match="needs a family description"):
+            model.init_from_target(target.model)
+    else:
+        assert model.init_from_target(target.model) == [1]  # any family's weight names (family.py)
+    hf_cfg = target.model.config
+    eagle3 = Eagle3Model(Eagle3Config.from_target(hf_cfg, NUM_DRAFT_VOCAB, default_target_layers(2), block_size=5),
+                         draft_vocab(hf_cfg.vocab_size))
+    eagle3.save_pretrained(tmp_path / "eagle3")
+    for name in ("dspark", "dflash", "eagle3", "mtp1"):
+        path = tmp_path / name if name == "eagle3" else save_tiny_baseline(target, name, tmp_path / name)
+        assert make_drafter(name, target, path=str(path)).hidden_layers
+        with pytest.raises(ValueError, match="built for another target: architecture"):
+            make_drafter(name, other, path=str(path))

@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
+from dspark.models.target_signature import signature_of, text_config
+
 
 @dataclass
 class ARDraftConfig:
@@ -30,6 +32,7 @@ class ARDraftConfig:
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     model_type: str = ""
+    target: dict[str, Any] | None = None  # the target it was built for (target_signature.py)
 
     MODEL_TYPE: ClassVar[str] = ""
 
@@ -94,8 +97,9 @@ class ARDraftConfig:
     @classmethod
     def from_target(cls, target_config: Any, draft_vocab_size: int, target_layers: list[int],
                     **overrides: Any) -> Self:
-        """Copy sizes from a HF Llama-family config (hidden, heads, MLP width, RoPE); overrides win."""
-        cfg = target_config
+        """Copy sizes from a HF decoder config of any family (hidden, heads, MLP width, RoPE) and record the
+        target's signature (loading refuses another target); overrides win."""
+        cfg = text_config(target_config)  # a multimodal wrapper's decoder
         num_heads = cfg.num_attention_heads
         rope_theta = getattr(cfg, "rope_theta", None)
         if rope_theta is None:  # transformers 5 keeps it in rope_parameters
@@ -109,8 +113,9 @@ class ARDraftConfig:
             num_kv_heads=getattr(cfg, "num_key_value_heads", None) or num_heads,
             head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads,
             intermediate_size=cfg.intermediate_size,
-            rms_norm_eps=float(cfg.rms_norm_eps),
+            rms_norm_eps=float(getattr(cfg, "rms_norm_eps", None) or getattr(cfg, "layer_norm_eps", 1e-5)),
             rope_theta=float(rope_theta),
+            target=signature_of(target_config),
         )
         values.update(overrides)
         return cls.from_dict(values)

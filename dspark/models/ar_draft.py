@@ -25,6 +25,7 @@ from dspark.models.ar_config import ARDraftConfig
 from dspark.models.draft_gemm import DraftGemm, GemmPlanned, Sources, attach_gemm, layer_sources, same
 from dspark.models.draft_sampling import sample_draft_token
 from dspark.models.dspark import DSparkTrainOutput
+from dspark.models.family import decoder_layer_weights, final_norm_weight
 from dspark.models.target_tied import TargetTiedMixin
 
 
@@ -130,15 +131,13 @@ class ARDraftModel(GemmPlanned, TargetTiedMixin, nn.Module):
         first sees the target's own hidden state. Returns the target layer indices copied.
         """
         layers = target_model.model.layers
-        theirs, mine = layers[-1], self.layer
-        att, mlp = theirs.self_attn, theirs.mlp
-        qkv = torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight])
-        gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
-        for dst, src in ((mine.qkv_proj.weight, qkv), (mine.o_proj.weight, att.o_proj.weight),
-                         (mine.gate_up_proj.weight, gate_up), (mine.down_proj.weight, mlp.down_proj.weight),
-                         (mine.input_norm.weight, theirs.input_layernorm.weight),
-                         (mine.post_norm.weight, theirs.post_attention_layernorm.weight),
-                         (self.norm.weight, target_model.model.norm.weight)):
+        theirs, mine = decoder_layer_weights(target_model, len(layers) - 1), self.layer  # any family (family.py)
+        pairs = [(mine.qkv_proj.weight, theirs.qkv.weight), (mine.o_proj.weight, theirs.o.weight),
+                 (mine.input_norm.weight, theirs.in_norm), (mine.post_norm.weight, theirs.post_norm),
+                 (self.norm.weight, final_norm_weight(target_model))]
+        if theirs.gate_up is not None:  # a sparse-expert layer keeps the draft MLP's random init
+            pairs += [(mine.gate_up_proj.weight, theirs.gate_up.weight), (mine.down_proj.weight, theirs.down.weight)]
+        for dst, src in pairs:
             if dst.shape != src.shape:
                 raise ValueError(f"target layer shape {tuple(src.shape)} != draft {tuple(dst.shape)}")
             dst.copy_(src)

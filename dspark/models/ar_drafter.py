@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from dspark.models import target_signature
 from dspark.models.ar_draft import ARDraftModel
 from dspark.models.drafter import DraftOutput, DraftRequest
 from dspark.models.target import TargetModel, cache_dir
@@ -66,6 +67,7 @@ class ARDrafter:
         """Load a checkpoint folder of `model_class` and attach it to `target` (its device/dtype by default)."""
         dev = device if device is not None else target.device
         model = model_class.from_pretrained(path, device=dev, dtype=dtype or target.dtype)
+        target_signature.check(model.config, target.model.config, path)  # another target: refused, with why
         return cls(model, target, dev, seed)
 
     def observe(self, request_id: str, features: torch.Tensor) -> None:

@@ -20,6 +20,7 @@ from torch import nn
 
 from dspark.models.draft_gemm import DraftGemm, GemmPlanned, Sources, attach_gemm, layer_sources, same
 from dspark.models.dspark_config import DSparkConfig
+from dspark.models.family import decoder_layer_weights, final_norm_weight
 from dspark.models.target_tied import TargetTiedMixin
 
 
@@ -131,7 +132,7 @@ class DSparkModel(GemmPlanned, TargetTiedMixin, nn.Module):
 
     @torch.no_grad()
     def init_from_target(self, target_model: nn.Module) -> list[int]:
-        """Start from the target's top decoder layers instead of random weights (HF Llama layout).
+        """Start from the target's top decoder layers instead of random weights (any family `family.py` describes).
 
         Draft layer i copies target layer L - num_layers + i (norms, attention, MLP) and the final norm;
         `fc` starts by passing the highest tapped feature through, with the first copied layer's input norm
@@ -143,19 +144,19 @@ class DSparkModel(GemmPlanned, TargetTiedMixin, nn.Module):
         if len(layers) < cfg.num_layers:
             raise ValueError(f"target has {len(layers)} layers, the drafter wants {cfg.num_layers}")
         first = len(layers) - cfg.num_layers
-        for mine, theirs in zip(self.layers, layers[first:]):
-            att, mlp = theirs.self_attn, theirs.mlp
-            qkv = torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight])
-            gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
-            for dst, src in ((mine.qkv_proj.weight, qkv), (mine.o_proj.weight, att.o_proj.weight),
-                             (mine.gate_up_proj.weight, gate_up), (mine.down_proj.weight, mlp.down_proj.weight),
-                             (mine.input_norm.weight, theirs.input_layernorm.weight),
-                             (mine.post_norm.weight, theirs.post_attention_layernorm.weight)):
+        for i, mine in enumerate(self.layers):
+            theirs = decoder_layer_weights(target_model, first + i)  # any family's names (family.py)
+            pairs = [(mine.qkv_proj.weight, theirs.qkv.weight), (mine.o_proj.weight, theirs.o.weight),
+                     (mine.input_norm.weight, theirs.in_norm), (mine.post_norm.weight, theirs.post_norm)]
+            if theirs.gate_up is not None:  # a sparse-expert layer keeps the draft MLP's random init
+                pairs += [(mine.gate_up_proj.weight, theirs.gate_up.weight),
+                          (mine.down_proj.weight, theirs.down.weight)]
+            for dst, src in pairs:
                 if dst.shape != src.shape:
                     raise ValueError(f"target layer shape {tuple(src.shape)} != draft {tuple(dst.shape)}")
                 dst.copy_(src)
-        self.norm.weight.copy_(target_model.model.norm.weight)
-        self.context_norm.weight.copy_(layers[first].input_layernorm.weight)
+        self.norm.weight.copy_(final_norm_weight(target_model))
+        self.context_norm.weight.copy_(decoder_layer_weights(target_model, first).in_norm)
         d = cfg.hidden_size
         self.fc.weight.mul_(0.1)
         self.fc.weight[:, -d:] += torch.eye(d, dtype=self.fc.weight.dtype)

@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from dspark.models.target_signature import signature_of, text_config
+
 HEAD_TYPES = ("markov", "rnn", "none")
 
 
@@ -50,6 +52,7 @@ class DSparkConfig:
     use_confidence: bool = True
     sts_temperatures: list[float] | None = None  # one per position, divides confidence logits
     model_type: str = "dspark"
+    target: dict[str, Any] | None = None  # the target it was built for (target_signature.py)
 
     def __post_init__(self) -> None:
         self.target_layers = [int(i) for i in self.target_layers]
@@ -120,8 +123,9 @@ class DSparkConfig:
 
     @classmethod
     def from_target(cls, target_config: Any, draft_vocab_size: int, **overrides: Any) -> DSparkConfig:
-        """Copy sizes from a HF Llama-family config (hidden, heads, MLP width, RoPE); overrides win."""
-        cfg = target_config
+        """Copy sizes from a HF decoder config of any family (hidden, heads, MLP width, RoPE) and record the
+        target's signature (loading refuses another target); overrides win."""
+        cfg = text_config(target_config)  # a multimodal wrapper's decoder
         num_heads = cfg.num_attention_heads
         rope_theta = getattr(cfg, "rope_theta", None)
         if rope_theta is None:  # transformers 5 keeps it in rope_parameters
@@ -135,8 +139,9 @@ class DSparkConfig:
             num_kv_heads=getattr(cfg, "num_key_value_heads", None) or num_heads,
             head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads,
             intermediate_size=cfg.intermediate_size,
-            rms_norm_eps=float(cfg.rms_norm_eps),
+            rms_norm_eps=float(getattr(cfg, "rms_norm_eps", None) or getattr(cfg, "layer_norm_eps", 1e-5)),
             rope_theta=float(rope_theta),
+            target=signature_of(target_config),
         )
         values.update(overrides)
         return cls.from_dict(values)

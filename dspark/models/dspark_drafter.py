@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from dspark.models import target_signature
 from dspark.models.drafter import DraftOutput, DraftRequest
 from dspark.models.dspark import DSparkModel
 from dspark.models.target import TargetModel, cache_dir
@@ -70,6 +71,7 @@ class DSparkDrafter:
         """Load a DSpark checkpoint folder and attach it to `target` (same device/dtype as the target by default)."""
         dev = device if device is not None else target.device
         model = DSparkModel.from_pretrained(path, device=dev, dtype=dtype or target.dtype)
+        target_signature.check(model.config, target.model.config, path)  # another target: refused, with why
         return cls(model, target, dev, seed)
 
     @torch.inference_mode()

@@ -166,3 +166,19 @@ def is_plain_llama(family: Family, layers: list[LayerWeights], cfg: Any, rotary_
     return (family.norm_offset == 0.0 and not family.has_qk_norm and not family.has_sandwich_norms
             and not family.scales_embeddings and activation_of(cfg) == "silu" and rotary_dim == head_dim
             and all(ly.moe is None and ly.window is None for ly in layers))
+
+
+def decoder_layer_weights(model: torch.nn.Module, index: int) -> LayerWeights:
+    """Decoder layer `index` of a described family's HF causal LM as `LayerWeights`:
+    what drafters copy when they start from the target's layers."""
+    family = family_of(model)
+    if family is None:
+        raise ValueError(f"starting a drafter from the target's layers needs a family description of "
+                         f"{architecture_of(model)} (family.py); train it from random weights (init_from_target: "
+                         f"false)")
+    return layer_weights(family, model.model.layers[index], index, model.config)
+
+
+def final_norm_weight(model: torch.nn.Module) -> torch.Tensor:
+    """The final norm's weight as a plain RMSNorm weight (Gemma's 1 + w folded in)."""
+    return _norm_weight(family_of(model) or LLAMA, model.model.norm)
