@@ -390,7 +390,10 @@ def bench_overload_cmd(
     multiple: float = typer.Option(10.0, min=1.0, help="Requests sent (and their arrival rate), in multiples of the "
                                    "admission limit (and of the measured completion rate)."),
     burst: bool = typer.Option(True, help="Also send the same count in one instant."),
-    repeat: int = typer.Option(3, min=1, help="Sustained phases in a row (memory that levels off is bounded)."),
+    repeat: int = typer.Option(1, min=1, help="Sustained phases in a row per admission mode (memory that levels "
+                                              "off is bounded)."),
+    modes: str = typer.Option("static,sla", help="Admission modes to run one after the other on the same "
+                                                 "cluster: static (the fixed limit), sla (predicted latency)."),
     max_tokens: int = typer.Option(16, min=1),
     rss_bound_mb: float | None = typer.Option(None, help="Stated memory bound for all Ray processes (MiB); "
                                               "default: their peak at full load (the calibrate phase: the "
@@ -415,7 +418,8 @@ def bench_overload_cmd(
             args[key.strip()] = yaml.safe_load(value)
         with _front_door(front_door) as door:
             res = {**run_overload(args, multiple, max_tokens, rss_bound_mb, rss_margin_mb, burst=burst,
-                                  repeat=repeat), "front_door": door}
+                                  repeat=repeat, modes=tuple(m.strip() for m in modes.split(",") if m.strip())),
+                   "front_door": door}
     except (OSError, ValueError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

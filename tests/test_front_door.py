@@ -35,7 +35,7 @@ def test_haproxy_front_door_serves_streams_and_refuses_cleanly(tiny_target_dir: 
     assert front_door_env("haproxy")["RAY_worker_niceness"] == "0"
     args = {"target": str(tiny_target_dir), "model_name": MODEL, "drafter": "ngram", "scheduler": "fixed",
             "num_draft_tokens": 3, "max_model_len": 2048, "max_num_seqs": 1, "max_queued_requests": 1,
-            "num_threads": 1}
+            "num_threads": 1, "admission": "static"}  # the fixed limit of 2 (SLA: test_front_door_burst.py)
     with serving(args, front_door="haproxy") as client:
         assert os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1"
         assert _listener(client.base_url.port) == "haproxy"

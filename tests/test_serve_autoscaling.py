@@ -76,10 +76,12 @@ def _wait(cond, timeout_s: float) -> bool:  # noqa: ANN001
 
 
 # a tiny model on 2 shared cores: tokens per step is the verify signal that moves (the draft pool follows the
-# verify pool, 1:1 pairing); the SLA limits are out of reach so they do not interfere
+# verify pool, 1:1 pairing); the SLA (args.sla: admission and the policy read the one value) is out of reach
+# so neither it nor admission's pressure interferes
 AUTOSCALING_POLICY = {"policy_function": "dspark.autoscale.serve_policy:PoolAutoscaler",
-                      "policy_kwargs": {"knee_tokens": 4, "downscale_delay_s": 4, "ttft_p50_s": 1e3,
-                                        "tpot_p50_s": 1e3, "max_queue_per_replica": 1e3, "max_draft_wait_ms": 1e4}}
+                      "policy_kwargs": {"knee_tokens": 4, "downscale_delay_s": 4, "max_queue_per_replica": 1e3,
+                                        "max_draft_wait_ms": 1e4}}
+SLA_OUT_OF_REACH = {"ttft_s": 1e3, "tpot_s": 1e3}
 
 
 # the tiny model's n-gram drafts keep a draft replica ~0.1-0.5% busy under 8 clients, 0 when idle
@@ -109,6 +111,7 @@ def deployed(args: dict, policy: dict, headers: dict | None = None) -> Iterator[
 
 def test_pools_scale_up_and_down_with_the_load_and_lose_nothing(tiny_target_dir: Path) -> None:
     args = app_args(tiny_target_dir, pools="serve", cluster_name="dspark-autoscale", max_num_seqs=8,
+                    sla=SLA_OUT_OF_REACH,
                     verify_autoscaling={"min_replicas": 1, "max_replicas": 2},
                     draft_autoscaling={"min_replicas": 1, "max_replicas": 2})
     with deployed(args, AUTOSCALING_POLICY) as http:
@@ -147,6 +150,7 @@ def test_the_draft_pool_scales_on_its_own_signal_while_the_verify_pool_holds(tin
     alone scales the draft pool 1 -> 2 (a verify replica moves to the new one) and back, with the verify
     pool fixed at 2; nothing fails across the moves."""
     args = app_args(tiny_target_dir, pools="serve", cluster_name="dspark-draftscale", max_num_seqs=8,
+                    sla=SLA_OUT_OF_REACH,
                     num_verify_workers=2, num_draft_workers=1, max_verify_per_draft=2,
                     verify_autoscaling={"min_replicas": 2, "max_replicas": 2},
                     draft_autoscaling={"min_replicas": 1, "max_replicas": 2})

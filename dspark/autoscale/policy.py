@@ -2,7 +2,9 @@
 
 Each pool scales on its own signals:
 - verify: tokens per step against the knee of its SPS profile (past the knee a step's time grows
-  faster than its tokens), queue depth per replica, and TTFT / TPOT p50 against the SLA;
+  faster than its tokens), queue depth per replica, TTFT / TPOT p50 against the SLA, and admission's
+  pressure: the demand the ingress sees over what the running replicas serve within the SLA (admission
+  sheds what they cannot; this signal is how the pool grows before shedding goes on);
 - draft: draft-step utilisation and the time verify steps wait for drafts.
 Rules, per pool:
 - up by the number of replicas the load needs (at least 1) as soon as any signal is over its limit;
@@ -58,6 +60,7 @@ class VerifySignals:
     ttft_p50_s: float
     tpot_p50_s: float
     age_s: float = 0.0  # how old the newest report is
+    admission_pressure: float = 0.0  # demand / what the running replicas serve within the SLA (ingress)
 
 
 @dataclass
@@ -109,6 +112,7 @@ class AutoscalePolicy:
             "queue/replica": s.queue_depth / sla.max_queue_per_replica,
             "ttft p50": s.ttft_p50_s / sla.ttft_p50_s * s.num_replicas,
             "tpot p50": s.tpot_p50_s / sla.tpot_p50_s * s.num_replicas,
+            "admission demand vs SLA capacity": s.admission_pressure * s.num_replicas,
         }
         return self._decide("verify", now_s, s.num_replicas, pending, pressures, c.verify)
 

@@ -4,7 +4,7 @@ In the serve YAML, under the application:
 
     autoscaling_policy:
       policy_function: dspark.autoscale.serve_policy:PoolAutoscaler
-      policy_kwargs: {knee_tokens: 64, ttft_p50_s: 2.0, tpot_p50_s: 0.25, downscale_delay_s: 60}
+      policy_kwargs: {knee_tokens: 64, downscale_delay_s: 60}
 
 Serve instantiates `PoolAutoscaler(**policy_kwargs)` once, in its controller, and calls it every tick with
 the context of every deployment that has an `autoscaling_config` (their min/max bounds still apply).
@@ -12,19 +12,29 @@ For each arm it reads the verify deployment `<arm>-verify` and the draft deploym
 replicas' `record_autoscaling_stats` (serve_pools.py), aggregated by Serve over `look_back_period_s`, become
 the signals of `policy.py`, which decides each pool on its own signals. A draft replica drafts for up to
 `max_verify_per_draft` verify replicas (M:N; the same number as in the app's args), so the draft pool's
-own answer is kept within [ceil(V / m), V] of the verify pool's target V. Every decision is
+own answer is kept within [ceil(V / m), V] of the verify pool's target V.
+
+The SLA is not a policy argument: it is set once, in the app's `args.sla`, where admission reads it, and
+each verify replica reports the one its arm serves under (`sla_ttft_s`, `sla_tpot_s`). The ingress
+(`SpecDecodeServer`, given an autoscaling range of one size so that it is in this policy's view) reports
+each arm's admission pressure, `admission_pressure:<arm>`: demand over what the arm's running replicas serve
+within the SLA. Over 1 the verify pool grows; admission sheds only what the running replicas cannot serve
+while the new ones start, and its limit grows with them. Every decision is
 logged (controller log) and exported: `dspark_autoscale_decisions_total{pool,direction}`,
 `dspark_autoscale_target_replicas{pool}`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
 
 from dspark.autoscale.policy import SLA, AutoscalePolicy, DraftSignals, PolicyConfig, PoolLimits, VerifySignals
 from dspark.cluster.metrics import Metrics
+
+PRESSURE_PREFIX = "admission_pressure:"
 
 log = logging.getLogger("ray.serve")
 
@@ -40,13 +50,18 @@ def _age_s(ctx: Any, now_s: float) -> float:
 
 
 class PoolAutoscaler:
-    def __init__(self, knee_tokens: int = 64, ttft_p50_s: float = 2.0, tpot_p50_s: float = 0.25,
-                 max_queue_per_replica: float = 4.0, draft_utilisation_high: float = 0.85,
+    def __init__(self, knee_tokens: int = 64, max_queue_per_replica: float = 4.0, draft_utilisation_high: float = 0.85,
                  max_draft_wait_ms: float = 10.0, down_margin: float = 0.7, downscale_delay_s: float = 60.0,
-                 stale_after_s: float = 30.0, max_verify_per_draft: int = 1) -> None:
+                 stale_after_s: float = 30.0, max_verify_per_draft: int = 1, ttft_p50_s: float | None = None,
+                 tpot_p50_s: float | None = None) -> None:
+        if ttft_p50_s is not None or tpot_p50_s is not None:
+            raise ValueError("policy_kwargs ttft_p50_s / tpot_p50_s: the SLA is set once, in the app's args "
+                             "(`sla: {ttft_s: ..., tpot_s: ...}`), read by admission and reported to this policy "
+                             "by the verify pools; remove them from policy_kwargs")
         self.max_verify_per_draft = max(1, int(max_verify_per_draft))
         self.config = PolicyConfig(
-            sla=SLA(ttft_p50_s=ttft_p50_s, tpot_p50_s=tpot_p50_s, max_queue_per_replica=max_queue_per_replica),
+            # the SLA's TTFT / TPOT come from the verify pools' reports (args.sla); none reported: not a signal
+            sla=SLA(ttft_p50_s=float("inf"), tpot_p50_s=float("inf"), max_queue_per_replica=max_queue_per_replica),
             verify=PoolLimits(1, 1 << 20), draft=PoolLimits(1, 1 << 20), knee_tokens=knee_tokens,
             draft_utilisation_high=draft_utilisation_high, max_draft_wait_ms=max_draft_wait_ms,
             down_margin=down_margin, downscale_delay_s=downscale_delay_s, stale_after_s=stale_after_s)
@@ -57,18 +72,25 @@ class PoolAutoscaler:
     def __call__(self, ctxs: dict) -> tuple[dict, dict]:
         now_s = time.time()
         arms: dict[str, dict[str, Any]] = {}
+        pressure: dict[str, float] = {}  # per arm, from the ingress replicas (their mean)
         for dep_id, ctx in ctxs.items():
             arm, _, pool = dep_id.name.rpartition("-")
             if pool in ("verify", "draft") and arm:
                 arms.setdefault(arm, {})[pool] = (dep_id, ctx)
+            for name, by_replica in (ctx.aggregated_metrics or {}).items():
+                if name.startswith(PRESSURE_PREFIX) and by_replica:
+                    pressure[name[len(PRESSURE_PREFIX):]] = _mean(by_replica)
         decisions: dict = {}
         state: dict = {}
         for arm, pools in arms.items():
-            policy = self.policies.setdefault(arm, AutoscalePolicy(self.config))
+            policy = self.policies.setdefault(arm, AutoscalePolicy(dataclasses.replace(self.config)))
             verify_target = None
             if "verify" in pools:
                 dep_id, ctx = pools["verify"]
-                d = policy.decide_verify(now_s, self._verify_signals(ctx, now_s), self._pending(ctx))
+                policy.config.sla = self._sla(ctx, policy.config.sla)
+                signals = self._verify_signals(ctx, now_s)
+                signals.admission_pressure = pressure.get(arm, 0.0)
+                d = policy.decide_verify(now_s, signals, self._pending(ctx))
                 _clamp(d, ctx)
                 decisions[dep_id] = verify_target = d.target
                 state[dep_id] = self._record(arm, d)
@@ -89,6 +111,15 @@ class PoolAutoscaler:
                 decisions[dep_id] = d.target
                 state[dep_id] = self._record(arm, d)
         return decisions, state
+
+    @staticmethod
+    def _sla(ctx: Any, sla: SLA) -> SLA:
+        """The SLA the arm's verify replicas report (args.sla), else the one held."""
+        m = ctx.aggregated_metrics or {}
+        ttft, tpot = _mean(m.get("sla_ttft_s", {})), _mean(m.get("sla_tpot_s", {}))
+        if ttft > 0 and tpot > 0:
+            return SLA(ttft_p50_s=ttft, tpot_p50_s=tpot, max_queue_per_replica=sla.max_queue_per_replica)
+        return sla
 
     @staticmethod
     def _pending(ctx: Any) -> int:

@@ -1,22 +1,22 @@
-"""`dspark bench overload`: N× the cluster's admission limit at once, over loopback, bounded in count and time.
+"""`dspark bench overload`: N× the cluster's admission limit, over loopback, new vs static admission in one run.
 
-Starts the app of a serve config on a local Ray cluster; measures its capacity (the admission limit's
-worth of requests at once: their completion rate), then sends `multiple × limit` chat completions arriving
-at `multiple ×` that rate (limit = what the ingress admits: each arm's batch capacity plus its queue
-bound), then the same count in one instant. Reports per phase how many were admitted and completed, how
-many were refused with 429/503 + Retry-After and how fast (timed from the moment the request's bytes are
-written), any other status, the latency of admitted requests, and the resident memory of every process of
-the Ray session (sampled throughout, peak per phase) against a stated bound; the sustained phase runs
-`repeat` times, so peaks that level off show memory is bounded, not leaking. Afterwards the engines must
-hold no request (no leaked KV slot or draft context). JSON last.
+Starts the app of a serve config on a local Ray cluster; measures its capacity (the static admission
+limit's worth of requests at once: their completion rate), then, for each admission mode (`static`: the
+fixed limit, capacity + max_queued_requests per arm; `sla`: admission by predicted latency, admission.py),
+sends `multiple × limit` streamed chat completions arriving at `multiple ×` that rate, then the same count
+in one instant. Reports per phase how many were admitted and completed, how many were refused with 429/503
++ Retry-After, by whom (HAProxy itself or the ingress) and how fast (timed from the moment the request's
+bytes are written), any other status, the admitted requests' TTFT and TPOT as the client saw them,
+goodput (requests per second completed within the SLA) and SLA attainment, and the resident memory of every
+process of the Ray session (sampled throughout, peak per phase) against a stated bound. Afterwards the
+engines must hold no request (no leaked KV slot or draft context). `comparison` sets the modes side by side.
+JSON last.
 """
-
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import gc
-import json
 import statistics
 import threading
 import time
@@ -29,7 +29,9 @@ from urllib.parse import urlsplit
 import httpx
 import psutil
 
+from dspark.bench.raw_http import post, request_bytes
 from dspark.bench.serve_bench import fixed_pool_args, free_port, wait_healthy
+from dspark.cluster.admission_gate import MODE_HEADER
 
 
 def _session_processes() -> list[tuple[str, psutil.Process]]:
@@ -117,77 +119,20 @@ class _RssSampler:
         self._thread.join()
 
 
-def _request_bytes(host: str, port: int, path: str, payload: dict, headers: dict[str, str]) -> bytes:
-    """A JSON POST as HTTP/1.1 bytes, on a connection of its own (`Connection: close`)."""
-    body = json.dumps(payload).encode()
-    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    return (f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n{head}Connection: close\r\n\r\n").encode() + body
-
-
-async def _post(host: str, port: int, path: str, payload: dict, headers: dict[str, str],
-                timeout_s: float) -> dict:
-    """One HTTP/1.1 POST on its own connection (`Connection: close`), timed from the moment its bytes are
-    written. A bare asyncio client: httpx's pool costs O(connections) per request, so 1,280 concurrent
-    requests through it take ~30 s on this machine against a server that answers in microseconds, and
-    that would be measured as the server's latency."""
-    req = _request_bytes(host, port, path, payload, headers)
-    t_conn = time.perf_counter()
-    try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
-        writer.write(req)
-        await writer.drain()
-        t0 = time.perf_counter()
-        data = await asyncio.wait_for(reader.read(), timeout_s)
-        t1 = time.perf_counter()
-        writer.close()
-    except (TimeoutError, OSError) as exc:
-        return {"status": None, "latency_s": time.perf_counter() - t_conn, "error": type(exc).__name__}
-    head_bytes, _, payload_bytes = data.partition(b"\r\n\r\n")
-    lines = head_bytes.decode("latin-1").split("\r\n")
-    try:
-        status = int(lines[0].split(" ", 2)[1])
-    except (IndexError, ValueError):
-        return {"status": None, "latency_s": t1 - t0, "error": "bad status line"}
-    hdrs = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
-    if hdrs.get("transfer-encoding") == "chunked":
-        payload_bytes = _unchunk(payload_bytes)
-    rec = {"status": status, "latency_s": t1 - t0, "connect_s": t0 - t_conn, "retry_after": hdrs.get("retry-after"),
-           "sent_at": t0}
-    if status >= 400:
-        try:
-            err = json.loads(payload_bytes)
-            rec["reason"] = err["error"]["message"] if isinstance(err, dict) and "error" in err else None
-        except (ValueError, KeyError, TypeError):
-            rec["reason"] = payload_bytes.decode("utf-8", "replace")[:200] or None  # Serve's proxy: plain text
-    return rec
-
-
-def _unchunk(data: bytes) -> bytes:
-    out, pos = bytearray(), 0
-    while True:
-        size_end = data.find(b"\r\n", pos)
-        if size_end < 0:
-            return bytes(out)
-        size = int(data[pos:size_end].split(b";")[0] or b"0", 16)
-        if size == 0:
-            return bytes(out)
-        out += data[size_end + 2:size_end + 2 + size]
-        pos = size_end + 2 + size + 2
-
-
 async def _fire(base_url: str, num: int, max_tokens: int, headers: dict[str, str], timeout_s: float,
                 spread_s: float = 0.0) -> list[dict]:
-    """`num` chat completions, all at once (`spread_s` 0) or with arrivals spread evenly over `spread_s`."""
+    """`num` streamed chat completions (TTFT and TPOT measured by the client), all at once (`spread_s` 0) or
+    with arrivals spread evenly over `spread_s`."""
     url = urlsplit(base_url)
 
     async def one(i: int) -> dict:
         if spread_s > 0:
             await asyncio.sleep(spread_s * i / num)
         body = {"messages": [{"role": "user", "content": f"Count from {i % 50} to {i % 50 + 9}."}],
-                "max_tokens": max_tokens, "temperature": 0, "user": f"overload-{i}"}
-        return await _post(url.hostname or "127.0.0.1", url.port or 80, "/v1/chat/completions", body, headers,
-                           timeout_s)
+                "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
+                "user": f"overload-{i}"}
+        return await post(url.hostname or "127.0.0.1", url.port or 80, "/v1/chat/completions", body, headers,
+                          timeout_s)
 
     return await asyncio.gather(*(one(i) for i in range(num)))
 
@@ -195,7 +140,7 @@ async def _fire(base_url: str, num: int, max_tokens: int, headers: dict[str, str
 async def _open_and_hang_up(host: str, port: int, i: int, max_tokens: int, headers: dict[str, str],
                             timeout_s: float) -> dict:
     """A streaming chat completion that hangs up after its first token arrives (a client gone mid-stream)."""
-    req = _request_bytes(host, port, "/v1/chat/completions", {
+    req = request_bytes(host, port, "/v1/chat/completions", {
         "messages": [{"role": "user", "content": f"Tell a long story about the number {i}."}],
         "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True, "user": f"hangup-{i}"},
         headers)
@@ -250,14 +195,17 @@ def _client_gc_paused() -> Iterator[None]:
 def run_overload(args: dict[str, Any], multiple: float = 10.0, max_tokens: int = 16,
                  rss_bound_mb: float | None = None, rss_margin_mb: float = 512.0, timeout_s: float = 300.0,
                  headers: dict[str, str] | None = None, burst: bool = True, hangup_max_tokens: int = 1024,
-                 repeat: int = 3) -> dict:
-    """Three phases on one running app: `calibrate` (the admission limit's worth at once: every request is
-    admitted; its completion rate is the cluster's capacity), `sustained` (multiple x limit requests arriving
-    evenly at multiple x that rate: the load is 10x what the cluster serves, in count and in rate) and, with
-    `burst`, `burst` (multiple x limit all in the same instant: every refusal then queues behind the others
-    in the HTTP path, so its latency measures how fast the path refuses, ~1 ms each here), then `disconnect`
-(capacity's worth of long streams whose clients hang up after the first token: the engines must hold
-nothing soon after, not decode `hangup_max_tokens` for no one)."""
+                 repeat: int = 1, modes: tuple[str, ...] = ("static", "sla")) -> dict:
+    """Phases on one running app: `calibrate` (the static admission limit's worth at once, admitted by the
+    static limit: its completion rate is the cluster's capacity); then for each admission mode in `modes`
+    (`static`: the old fixed limit; `sla`: by predicted latency), one after the other on the same cluster
+    (an admin header picks the mode per request): `<mode>:sustained` (multiple x limit requests arriving
+    evenly at multiple x capacity: 10x what the cluster serves, in count and in rate; `repeat` times, so
+    memory that levels off shows it is bounded) and, with `burst`, `<mode>:burst` (the same count in one
+    instant); then `disconnect` (capacity's worth of long streams whose clients hang up after the first
+    token: the engines must hold nothing soon after). Every request is a stream, so the client measures each
+    admitted request's TTFT and TPOT; goodput is the requests per second completed within the SLA (args.sla),
+    attainment the share of admitted requests within it; `comparison` puts the modes side by side."""
     import ray
     from ray import serve
 
@@ -268,6 +216,7 @@ nothing soon after, not decode `hangup_max_tokens` for no one)."""
     # be counted as memory the overload took, and its start-up would stall the cores the run is timing
     args = fixed_pool_args(args)
     cfg = ServeAppConfig.model_validate(args)
+    sla = {"ttft_s": cfg.sla.ttft_s, "tpot_s": cfg.sla.tpot_s}
     limit = cfg.num_replicas * cfg.admission_limit
     num = int(round(multiple * limit))
     port = free_port()
@@ -275,6 +224,7 @@ nothing soon after, not decode `hangup_max_tokens` for no one)."""
     hdrs = headers or {}
     phases: dict[str, dict] = {}
     records: list[dict] = []
+    runs: list[tuple[str, str, float]] = []
     # the metrics agents export every 500 ms (Ray's default: 10 s), so /metrics shows the engines' state soon
     ray.init(include_dashboard=False, log_to_driver=False, _system_config={"metrics_report_interval_ms": 500})
     try:
@@ -288,68 +238,56 @@ nothing soon after, not decode `hangup_max_tokens` for no one)."""
         with _RssSampler() as rss:
             cpu0 = _session_cpu_by_process()
             t0 = time.perf_counter()
-            cal = asyncio.run(_fire(base_url, limit, max_tokens, hdrs, timeout_s))
+            cal = asyncio.run(_fire(base_url, limit, max_tokens, {**hdrs, MODE_HEADER: "static"}, timeout_s))
             cal_wall = time.perf_counter() - t0
             capacity_rps = sum(1 for r in cal if r["status"] == 200) / cal_wall
-            phases["calibrate"] = {**_summary(cal, cal_wall), "capacity_rps": round(capacity_rps, 2),
+            phases["calibrate"] = {**_summary(cal, cal_wall, sla), "capacity_rps": round(capacity_rps, 2),
                                    "cpu_ms_per_request": _cpu_used(cpu0, _session_cpu_by_process(), len(cal))}
             phases["calibrate"]["rss_peak_mb"] = round(max(rss.samples + [_session_rss_mb()]), 1)
             # the bound, stated before the overload starts: full load (the limit's worth in flight) may take
             # what it takes; ten times the load, refused past the limit, may take at most `margin` more
             full_load_peak = phases["calibrate"]["rss_peak_mb"]
             bound = rss_bound_mb if rss_bound_mb is not None else full_load_peak + rss_margin_mb
-            # the sustained phase `repeat` times: memory that is bounded levels off (allocator arenas warm up
-            # in the first); memory that leaks grows again by as much in each
             spread = num / (multiple * max(capacity_rps, 1e-3))
-            runs = ([("sustained", spread)] + [(f"sustained_{i + 2}", spread) for i in range(repeat - 1)]
-                    + ([("burst", 0.0)] if burst else []))
-            for name, spread_s in runs:
+            for mode in modes:
+                runs += ([(mode, "sustained", spread)]
+                         + [(mode, f"sustained_{i + 2}", spread) for i in range(repeat - 1)]
+                         + ([(mode, "burst", 0.0)] if burst else []))
+            for mode, kind, spread_s in runs:
+                name = f"{mode}:{kind}"
+                mode_hdrs = {**hdrs, MODE_HEADER: mode}
                 time.sleep(2.0)  # the previous phase's requests are done; let the engines go idle
+                # a few requests in this mode first: the front door learns this mode's limit from their answers
+                asyncio.run(_fire(base_url, 2, max_tokens, mode_hdrs, timeout_s))
                 first_sample = len(rss.samples)
                 cpu0 = _session_cpu_by_process()
                 t0 = time.perf_counter()
                 with _client_gc_paused():
-                    recs = asyncio.run(_fire(base_url, num, max_tokens, hdrs, timeout_s, spread_s))
-                phases[name] = {**_summary(recs, time.perf_counter() - t0), "spread_s": round(spread_s, 2),
+                    recs = asyncio.run(_fire(base_url, num, max_tokens, mode_hdrs, timeout_s, spread_s))
+                phases[name] = {**_summary(recs, time.perf_counter() - t0, sla), "spread_s": round(spread_s, 2),
                                 "arrival_rps": round(num / spread_s, 2) if spread_s else None,
                                 "cpu_ms_per_request": _cpu_used(cpu0, _session_cpu_by_process(), len(recs)),
                                 "rss_peak_mb": round(max(rss.samples[first_sample:] + [_session_rss_mb()]), 1)}
                 records += recs
         links_after = _draft_links(base_url, hdrs)
         leftover = _engine_leftovers(base_url, hdrs)
-        # clients that hang up mid-stream: their KV slots and draft contexts must be freed, not decoded to the end
-        num_hangups = min(limit, cfg.capacity)
-        aborted_before = _counter(base_url, hdrs, "vllm:request_success_total", 'finished_reason="abort"')
-        hung = asyncio.run(_hang_up_many(base_url, num_hangups, hangup_max_tokens, hdrs, timeout_s))
-        last = max((r["hung_up_at"] for r in hung if "hung_up_at" in r), default=time.monotonic())
-        num_refused_streams = sum(1 for r in hung if r.get("status") in (429, 503))
-        # first the aborts must show (the gauges may still read the idle state exported before the streams)
-        num_hung = sum(1 for r in hung if "hung_up_at" in r and r["status"] == 200)
-        deadline = time.monotonic() + 60.0
-        aborted = 0.0
-        while time.monotonic() < deadline:
-            aborted = _counter(base_url, hdrs, "vllm:request_success_total", 'finished_reason="abort"') - aborted_before
-            if aborted >= num_hung:
-                break
-            time.sleep(0.25)
-        freed = _engine_leftovers(base_url, hdrs, timeout_s=120.0)
-        phases["disconnect"] = {"num_streams": num_hangups, "num_hung_up": num_hung, "num_refused": num_refused_streams,
-                                "max_tokens_each": hangup_max_tokens, "engines_after": freed,
-                                "num_recorded_aborted": aborted,
-                                "freed_within_s": round(time.monotonic() - last, 2) if not any(freed.values())
-                                else None, "note": "upper bound: /metrics polled, exported every 0.5 s"}
+        phases["disconnect"] = _disconnect_phase(base_url, hdrs, min(limit, cfg.capacity), hangup_max_tokens,
+                                                 timeout_s)
         rss_after = _session_rss_mb()
     finally:
         serve.shutdown()
         ray.shutdown()
     everything = cal + records
-    overload_peak = max(phases[name]["rss_peak_mb"] for name, _ in runs)
-    sustained = [name for name in phases if name.startswith("sustained")]
+    names = [f"{m}:{k}" for m, k, _ in runs]
+    overload_peak = max(phases[name]["rss_peak_mb"] for name in names)
+    sustained = [n for n in names if ":sustained" in n]
     return {
         "bench": "overload", "admission_limit": limit, "multiple": multiple, "max_tokens": max_tokens,
-        "num_sent": len(everything),
+        "sla": sla, "num_sent": len(everything),
         "num_5xx_other_than_503": sum(1 for r in everything if (r["status"] or 0) >= 500 and r["status"] != 503),
+        "num_other_than_200_429_503": sum(1 for r in everything if r["status"] not in (200, 429, 503)),
         "num_no_response": sum(1 for r in everything if r["status"] is None),
+        "comparison": _comparison(phases, modes),
         "phases": phases,
         "rss_mb": {"before": round(rss_before, 1), "full_load_peak": full_load_peak,
                    "peak": round(max(rss.samples, default=rss_before), 1),
@@ -365,15 +303,60 @@ nothing soon after, not decode `hangup_max_tokens` for no one)."""
     }
 
 
-def _summary(records: list[dict], wall_s: float) -> dict:
+def _disconnect_phase(base_url: str, hdrs: dict[str, str], num_hangups: int, hangup_max_tokens: int,
+                      timeout_s: float) -> dict:
+    """Clients that hang up mid-stream: their KV slots and draft contexts must be freed, not decoded to the end."""
+    aborted_before = _counter(base_url, hdrs, "vllm:request_success_total", 'finished_reason="abort"')
+    hung = asyncio.run(_hang_up_many(base_url, num_hangups, hangup_max_tokens, hdrs, timeout_s))
+    last = max((r["hung_up_at"] for r in hung if "hung_up_at" in r), default=time.monotonic())
+    num_refused_streams = sum(1 for r in hung if r.get("status") in (429, 503))
+    # first the aborts must show (the gauges may still read the idle state exported before the streams)
+    num_hung = sum(1 for r in hung if "hung_up_at" in r and r["status"] == 200)
+    deadline = time.monotonic() + 60.0
+    aborted = 0.0
+    while time.monotonic() < deadline:
+        aborted = _counter(base_url, hdrs, "vllm:request_success_total", 'finished_reason="abort"') - aborted_before
+        if aborted >= num_hung:
+            break
+        time.sleep(0.25)
+    freed = _engine_leftovers(base_url, hdrs, timeout_s=120.0)
+    return {"num_streams": num_hangups, "num_hung_up": num_hung, "num_refused": num_refused_streams,
+            "max_tokens_each": hangup_max_tokens, "engines_after": freed, "num_recorded_aborted": aborted,
+            "freed_within_s": round(time.monotonic() - last, 2) if not any(freed.values()) else None,
+            "note": "upper bound: /metrics polled, exported every 0.5 s"}
+
+
+def _comparison(phases: dict[str, dict], modes: tuple[str, ...]) -> dict:
+    """The figures that judge admission, per phase kind, one column per mode."""
+    keys = ("goodput_rps", "sla_attainment", "num_admitted_ok", "num_within_sla", "num_refused",
+            "num_refused_by_front_door")
+    out: dict[str, dict] = {}
+    for name, phase in phases.items():
+        if ":" not in name:
+            continue
+        mode, kind = name.split(":", 1)
+        row = {k: phase.get(k) for k in keys}
+        row["refusal_p99_ms"] = phase["refusal_latency_ms"]["p99"]
+        row["admitted_ttft_p99_s"] = phase["admitted_ttft_s"]["p99"]
+        row["admitted_tpot_p50_s"] = phase["admitted_tpot_s"]["p50"]
+        out.setdefault(kind, {})[mode] = row
+    return {kind: {m: by_mode.get(m) for m in modes} for kind, by_mode in out.items()}
+
+
+def _summary(records: list[dict], wall_s: float, sla: dict[str, float]) -> dict:
     ok = [r for r in records if r["status"] == 200]
     refused = [r for r in records if r["status"] in (429, 503)]
     other = [r for r in records if r["status"] not in (200, 429, 503)]
     refused_s = [r["latency_s"] for r in refused]
     ok_s = [r["latency_s"] for r in ok]
+    ttft = [r["ttft_s"] for r in ok if "ttft_s" in r]
+    tpot = [r["tpot_s"] for r in ok if "tpot_s" in r]
+    within = [r for r in ok if r.get("ttft_s", float("inf")) <= sla["ttft_s"]
+              and r.get("tpot_s", 0.0) <= sla["tpot_s"]]
     return {
         "num_sent": len(records), "wall_s": round(wall_s, 3), "num_admitted_ok": len(ok),
         "num_refused": len(refused),
+        "num_refused_by_front_door": sum(1 for r in refused if r.get("refused_by") == "front-door"),
         "num_refused_with_retry_after": sum(1 for r in refused if r.get("retry_after")),
         "num_refused_with_reason": sum(1 for r in refused if r.get("reason")),
         "num_other": len(other), "other_statuses": sorted({str(r["status"]) for r in other}),
@@ -384,6 +367,11 @@ def _summary(records: list[dict], wall_s: float) -> dict:
         "refusal_p99_ms_by_second": _by_second(refused),
         "admitted_latency_s": {"p50": _pct(ok_s, 0.5), "p99": _pct(ok_s, 0.99), "max": max(ok_s) if ok_s else None,
                                "mean": statistics.fmean(ok_s) if ok_s else None},
+        "admitted_ttft_s": {"p50": _pct(ttft, 0.5), "p99": _pct(ttft, 0.99)},
+        "admitted_tpot_s": {"p50": _pct(tpot, 0.5), "p99": _pct(tpot, 0.99)},
+        # goodput: requests per second completed within the SLA (TTFT and TPOT), over the phase's wall time
+        "num_within_sla": len(within), "goodput_rps": round(len(within) / max(wall_s, 1e-9), 3),
+        "sla_attainment": round(len(within) / len(ok), 3) if ok else None,
     }
 
 

@@ -61,6 +61,13 @@ class KeyRing:
         return "admin" if is_admin else "user" if is_user else None
 
 
+def presented_digest(authorization: str | None) -> str | None:
+    """The digest of the bearer key in an `Authorization` header (what quotas are keyed by), or None."""
+    if not authorization or not authorization.lower().startswith("bearer "):
+        return None
+    return key_digest(authorization[7:].strip())
+
+
 def _matches_any(digest: str, digests: list[str]) -> bool:
     found = False
     for d in digests:  # no early exit: the time does not tell which (or whether a) digest matched

@@ -21,11 +21,12 @@ from ray.serve.config import BackpressureConfig
 
 from dspark.cluster.ab import Arm
 from dspark.cluster.access import KeyRing
-from dspark.cluster.admission import Admission
+from dspark.cluster.admission import Admission, SLATarget
 from dspark.cluster.config import ServeAppConfig
 from dspark.cluster.engine_metrics import EngineMetrics
 from dspark.cluster.metrics_export import cluster_metrics_text
 from dspark.cluster.openai_api import GenerateEngine, build_fastapi
+from dspark.cluster.quotas import QuotaBook
 from dspark.verify_service.async_engine import AsyncEngine
 from dspark.verify_service.engine import Engine
 
@@ -71,16 +72,28 @@ class SpecDecodeServer:
         # Serve calls this after __init__, so the routes can close over this replica's engine
         cfg = self.config
         arms = [Arm(a.name, a.weight) for a in cfg.ab_arms] or None
-        return build_fastapi(lambda: self.engine, cfg.model_name or cfg.target,
+        arm_configs = {a.name: cfg.arm_config(a) for a in cfg.ab_arms} or {"default": cfg}
+        quotas = QuotaBook({q.key_sha256: (q.requests_per_minute, q.tokens_per_minute)
+                            for q in cfg.api_key_quotas}) if cfg.api_key_quotas else None
+        app = build_fastapi(lambda: self.engine, cfg.model_name or cfg.target,
                              keys=KeyRing.from_config(cfg.api_key_sha256, cfg.admin_api_key_sha256),
-                             admission=({a.name: Admission(cfg.arm_config(a).capacity, cfg.max_queued_requests)
-                                         for a in cfg.ab_arms} or Admission(cfg.capacity, cfg.max_queued_requests)),
+                             admission={name: make_admission(c) for name, c in arm_configs.items()},
+                             quotas=quotas, cluster_name=cfg.cluster_name,
                              max_body_bytes=cfg.max_body_bytes, arms=arms,
                              arm_engines={name: (lambda e=e: e) for name, e in self.arm_engines.items()} or None,
                              request_log=Path(cfg.request_log).expanduser() if cfg.request_log else None,
                              metrics=({a.name: cfg.arm_config(a).metrics("ingress", self.replica) for a in cfg.ab_arms}
                                       or {"default": cfg.metrics("ingress", self.replica)}),
                              metrics_text=cluster_metrics_text)
+        self.gate = app.state.admission_gate
+        return app
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """Each arm's admission pressure (demand over what its verify replicas serve within the SLA) for the
+        application's autoscaling policy: it scales the pool before admission has to shed
+        (autoscale/serve_policy.py)."""
+        gate = getattr(self, "gate", None)
+        return gate.autoscaling_stats() if gate is not None else {}
 
     def check_health(self) -> None:
         # Serve restarts a replica whose engine loop died instead of routing traffic to it
@@ -93,6 +106,14 @@ class SpecDecodeServer:
             shutdown = getattr(engine, "shutdown", None)
             if shutdown is not None:
                 shutdown()
+
+
+def make_admission(config: ServeAppConfig) -> Admission:
+    """One arm's admission: by the SLA's predicted latency (or the static limit only), within the static bound."""
+    sla = config.sla
+    return Admission(config.capacity, config.max_queued_requests,
+                     SLATarget(sla.ttft_s, sla.tpot_s, sla.headroom) if config.admission == "sla" else None,
+                     max_batch=config.max_num_seqs, num_ingress_replicas=config.num_replicas)
 
 
 def _replica_id() -> str:
@@ -116,7 +137,13 @@ def build_app(args: dict[str, Any]) -> serve.Application:
         pools = {arm.arm_name: pool_deployments(arm) for arm in arms}
     # overload is refused in two places, both before any work: the replica (per arm, up to
     # max_ongoing_requests in it) and, past that and a short proxy queue, Serve's proxy itself
-    deployment = SpecDecodeServer.options(num_replicas=config.num_replicas,
+    # a fixed number of ingress replicas, given as an autoscaling range of one size: that puts the ingress
+    # in the application-level policy's view, which reads each arm's admission pressure from it
+    deployment = SpecDecodeServer.options(autoscaling_config={
+                                              "min_replicas": config.num_replicas,
+                                              "max_replicas": config.num_replicas,
+                                              "initial_replicas": config.num_replicas,
+                                              "look_back_period_s": 5.0},
                                           max_ongoing_requests=config.max_ongoing_requests,
                                           # the proxy's queue also holds requests its router has not
                                           # assigned yet: a burst of the admission limit must fit in it

@@ -57,6 +57,32 @@ class WorkerResources(BaseModel):
         return options
 
 
+class SLAConfig(BaseModel):
+    """The service level the deployment promises: admission admits by it, the autoscaler scales for it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ttft_s: float = Field(2.0, gt=0, description="Time to first token a request may take (admission admits a "
+                                                 "request only when its predicted TTFT is within it; the "
+                                                 "autoscaler scales when the measured p50 is over it).")
+    tpot_s: float = Field(0.25, gt=0, description="Time per output token after the first (admission keeps the "
+                                                  "running batch's predicted TPOT within it).")
+    headroom: float = Field(0.85, gt=0, le=1, description="Admission aims at this fraction of the SLA, so that "
+                                                          "the measured latency, which varies around the "
+                                                          "prediction, stays within it.")
+
+
+class KeyQuota(BaseModel):
+    """A quota of one API key: token buckets of requests and tokens per minute (see cluster/quotas.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key_sha256: str = Field(..., pattern=r"^[0-9a-fA-F]{64}$", description="SHA-256 hex digest of the key.")
+    requests_per_minute: float | None = Field(None, gt=0, description="Requests per minute; null: unlimited.")
+    tokens_per_minute: float | None = Field(None, gt=0, description="Prompt + completion tokens per minute "
+                                            "(charged when a request ends); null: unlimited.")
+
+
 SERVER_STEP_STATS = 4096  # per-step records a serving engine keeps (timelines, load reports)
 
 
@@ -157,6 +183,14 @@ class ServeAppConfig(BaseModel):
     max_queued_requests: int = Field(
         32, ge=0, description="Requests an ingress replica lets wait beyond what its engines batch "
                               "(max_num_seqs per verify worker); past it: 429 with Retry-After, before any work.")
+    sla: SLAConfig = Field(default_factory=SLAConfig, description="The SLA, in one place: read by admission "
+                           "(cluster/admission.py) and reported by the verify pools to the autoscaling policy.")
+    admission: Literal["sla", "static"] = Field(
+        "sla", description="sla: admit a request when its predicted TTFT and the batch's predicted TPOT are "
+                           "within the SLA (from rates measured at the ingress), never past the static limit; "
+                           "static: only the static limit (capacity + max_queued_requests), the old behaviour.")
+    api_key_quotas: list[KeyQuota] = Field(default_factory=list, description="Per-key token buckets (requests "
+                                           "and tokens per minute); keys without one are not limited.")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="Largest request body; larger: 413.")
     ab_arms: list[ABArm] = Field(default_factory=list, description="A/B arms, each with its own engine or "
                                  "pools; users are assigned stickily by weight (see cluster/ab.py). Empty: one arm.")

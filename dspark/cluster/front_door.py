@@ -8,7 +8,9 @@ HAProxy (C) balances connections across them, health-checks them and drops a dea
 (`dspark bench overload`, shipped config, 2-core Xeon): the per-request CPU of the ProxyActor (~4 ms) is
 gone, the ingress's own falls from ~4.3 to ~2.8 ms, and refusals at 10x capacity answer in 2–3 ms at
 p50 instead of 25–45 ms. Admission, 429s and API keys stay in the ingress replica (`openai_api.py`), the
-same code on either door.
+same code on either door; and with HAProxy a burst past the limit the ingress publishes is refused by HAProxy
+itself (429 + Retry-After, `front_door_rules.py`): Serve's HAProxy binary is a wrapper that adds those rules
+to the config Serve generates, then runs the real haproxy.
 
 Either door also starts Ray's workers at niceness 0 (`cpu_priority.REQUEST_PATH_ENV`), so the ingress and
 HAProxy run above the pools on shared cores.
@@ -25,6 +27,7 @@ import os
 import shutil
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Literal
 
 from dspark.cluster.cpu_priority import REQUEST_PATH_ENV
@@ -35,6 +38,23 @@ FrontDoor = Literal["auto", "haproxy", "proxy"]
 def haproxy_binary() -> str | None:
     return os.environ.get("DSPARK_HAPROXY") or shutil.which("haproxy") or (
         "/usr/sbin/haproxy" if os.access("/usr/sbin/haproxy", os.X_OK) else None)
+
+
+def wrapper_binary() -> str:
+    """An executable that adds the front-door rules to Serve's HAProxy config and runs the real haproxy
+    (front_door_rules.py); written once per machine and interpreter, kept if unchanged."""
+    real = haproxy_binary()
+    rules = Path(__file__).with_name("front_door_rules.py").resolve()
+    folder = Path(os.environ.get("DSPARK_CACHE", Path.home() / ".cache" / "dspark")) / "front_door"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "haproxy"
+    script = f'#!/bin/sh\nexec "{sys.executable}" -I -S "{rules}" "{real}" "$@"\n'
+    if not path.exists() or path.read_text() != script:
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(script)
+        tmp.chmod(0o755)
+        tmp.replace(path)
+    return str(path)
 
 
 def resolve(kind: FrontDoor) -> Literal["haproxy", "proxy"]:
@@ -59,7 +79,8 @@ def front_door_env(kind: FrontDoor = "auto") -> dict[str, str]:
     return {**REQUEST_PATH_ENV,
         "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
-        "RAY_SERVE_HAPROXY_BINARY_PATH": haproxy_binary() or "",
+        # the real haproxy, behind a wrapper that adds the rules refusing bursts at the door (front_door_rules.py)
+        "RAY_SERVE_HAPROXY_BINARY_PATH": wrapper_binary(),
         # HAProxy's threads only move bytes: one per two cores (its default of 4 competes with the model here)
         "RAY_SERVE_HAPROXY_NBTHREAD": str(max(1, min(4, (os.cpu_count() or 2) // 2))),
         # a stopped replica drains for this long before it goes (Serve's default, 30 s, is for external

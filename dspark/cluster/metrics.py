@@ -59,6 +59,12 @@ _SPECS = [
                ("finished_reason",)),
     MetricSpec("dspark_request_errors_total", "counter", "Requests answered with an error, by HTTP status.",
                ("status",)),
+    MetricSpec("dspark_admission_decisions_total", "counter", "Admission decisions at the ingress: admit, shed "
+               "(over the SLA's predicted latency), full (the static bound), quota (a key over its quota).",
+               ("decision",)),
+    MetricSpec("dspark_admission_limit", "gauge", "Requests in flight the arm admits within the SLA (ingress)."),
+    MetricSpec("dspark_admission_pressure", "gauge", "Demand over what the arm's replicas serve within the SLA "
+               "(over 1: shedding, the autoscaler adds replicas)."),
     # engine (verify replicas, or the inline replica)
     MetricSpec("vllm:num_requests_running", "gauge", "Requests in the step loop."),
     MetricSpec("vllm:num_requests_waiting", "gauge", "Requests queued for a KV slot."),

@@ -31,8 +31,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from dspark.cluster.ab import ARM_HEADER, OVERRIDE_HEADER, SESSION_HEADER, Arm, chosen_arm
-from dspark.cluster.access import KeyRing
-from dspark.cluster.admission import Admission
+from dspark.cluster.access import KeyRing, presented_digest
+from dspark.cluster.admission import Admission, Mode
+from dspark.cluster.admission_gate import MODE_HEADER, AdmissionGate, Refusal
 from dspark.cluster.api_models import (
     ChatChoice,
     ChatChunkChoice,
@@ -53,7 +54,10 @@ from dspark.cluster.api_models import (
     Usage,
     new_id,
 )
+from dspark.cluster.latency_model import LatencyModel
 from dspark.cluster.metrics import Metrics
+from dspark.cluster.quota_board import start_settling
+from dspark.cluster.quotas import QuotaBook
 from dspark.cluster.readiness import RETRY_AFTER_S
 from dspark.spec.logprobs import TokenLogprob
 from dspark.verify_service.async_engine import EngineDeadError
@@ -108,9 +112,11 @@ class GuardMiddleware:
     (chunked: the count stops the read at the limit)."""
 
     def __init__(self, app: Any, keys: KeyRing, max_body_bytes: int, metrics: Metrics | None = None,
-                 admissions: list[Admission] | None = None) -> None:
+                 gate: AdmissionGate | None = None, cluster_name: str = "dspark") -> None:
         self.app, self.keys, self.max_body_bytes, self.metrics = app, keys, max_body_bytes, metrics
-        self.admissions = admissions or []  # every arm's: when all are full, refuse before reading the body
+        self.gate = gate  # admission and quotas: a key over its quota, or every arm full, is refused here
+        self.cluster_name = cluster_name
+        self._settling: Any = None
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -123,11 +129,19 @@ class GuardMiddleware:
         has_id = bool(re.fullmatch(r"[A-Za-z0-9._:-]{1,128}", incoming))
         rid = incoming if has_id else uuid.uuid4().hex[:16]
         scope.setdefault("state", {})["request_id"] = rid
+        is_generate = scope.get("path", "") in GENERATE_PATHS
+        gate = self.gate if is_generate else None
+        quota_headers: dict[str, str] = {}
+        mode: Mode | None = None
 
         async def send_with_id(message: dict) -> None:
             if message["type"] == "http.response.start":
                 if not has_id:
                     message.setdefault("headers", []).append((b"x-request-id", rid.encode()))
+                if gate is not None:  # what the front door refuses by, and the key's rate-limit state
+                    message.setdefault("headers", []).extend(
+                        gate.published_headers(mode)
+                        + [(k.encode(), v.encode()) for k, v in quota_headers.items()])
                 if message.get("status", 200) >= 400 and self.metrics is not None:
                     self.metrics.inc("dspark_request_errors_total", status=str(message["status"]))
             await send(message)
@@ -141,16 +155,21 @@ class GuardMiddleware:
         if scope.get("path", "") in ADMIN_PATHS and access != "admin":
             await _send_error(send_with_id, 403, "this route needs an admin API key", "permission_error")
             return
-        if (self.admissions and scope.get("path", "") in GENERATE_PATHS
-                and all(a.is_full for a in self.admissions)):
-            # every arm is full: whichever arm this request would get, it would be refused; do it now,
-            # before reading or parsing the body (the cheapest refusal this process can give); every arm
-            # counts it, since each of them would have refused it
-            for a in self.admissions:
-                a.num_rejected += 1
-            await _send_error(send_with_id, 429, "the server is at capacity; retry later", "rate_limit_error",
-                              {"Retry-After": str(max(a.retry_after_s() for a in self.admissions))})
-            return
+        if headers.get(MODE_HEADER) in ("sla", "static") and access == "admin":
+            mode = headers[MODE_HEADER]  # type: ignore[assignment]
+        scope["state"]["admission_mode"] = mode
+        if gate is not None:
+            if gate.quotas is not None and gate.quotas.is_enabled and self._settling is None:
+                self._settling = start_settling(gate.quotas, self.cluster_name) or False
+            digest = presented_digest(headers.get("authorization")) if gate.quotas is not None else None
+            scope["state"]["key_digest"] = digest
+            # a key over its quota, or every arm at its limit (whichever arm this request would get, it
+            # would be refused): refused now, before reading or parsing the body, the cheapest refusal here
+            refusal, quota_headers = gate.precheck(digest, mode)
+            if refusal is not None:
+                await _send_error(send_with_id, refusal.status, refusal.message, refusal.type_, refusal.headers,
+                                  refusal.code)
+                return
         try:
             length = int(headers.get("content-length", "0") or 0)
         except ValueError:
@@ -186,8 +205,8 @@ class GuardMiddleware:
 
 
 async def _send_error(send: Callable, status: int, message: str, type_: str = "invalid_request_error",
-                      headers: dict[str, str] | None = None) -> None:
-    body = json.dumps(ErrorResponse(error=ErrorInfo(message=message, type=type_)).model_dump()).encode()
+                      headers: dict[str, str] | None = None, code: str | None = None) -> None:
+    body = json.dumps(ErrorResponse(error=ErrorInfo(message=message, type=type_, code=code)).model_dump()).encode()
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
@@ -348,8 +367,8 @@ class _released:  # noqa: N801 - used like the generator it wraps
     """The engine's output stream holding an admission ticket, given back exactly once on close
     (an async generator that never started would skip its `finally`, and leak the ticket)."""
 
-    def __init__(self, gen: Any, admission: Admission | None) -> None:
-        self.gen, self.admission, self.is_closed = gen, admission, False
+    def __init__(self, gen: Any, on_close: Callable[[], None] | None) -> None:
+        self.gen, self.on_close, self.is_closed = gen, on_close, False
 
     def __aiter__(self) -> _released:
         return self
@@ -368,8 +387,8 @@ class _released:  # noqa: N801 - used like the generator it wraps
         try:
             await self.gen.aclose()
         finally:
-            if self.admission is not None:
-                self.admission.leave()
+            if self.on_close is not None:
+                self.on_close()
 
 
 async def _outputs(first: RequestOutput, gen: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
@@ -396,6 +415,10 @@ async def _is_ready(engine: GenerateEngine) -> bool:
     return True if probe is None else bool(await probe())
 
 
+def _refused(refusal: Refusal) -> ApiError:
+    return ApiError(refusal.status, refusal.message, type_=refusal.type_, code=refusal.code, headers=refusal.headers)
+
+
 def _warming_up() -> ApiError:
     return ApiError(503, "the model is warming up (loading on its workers); retry shortly",
                     type_="service_unavailable_error", code="warming_up",
@@ -414,21 +437,26 @@ def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str, key
                   arm_engines: dict[str, Callable[[], GenerateEngine]] | None = None,
                   arms: list[Arm] | None = None, request_log: Path | None = None,
                   metrics: dict[str, Metrics] | None = None,
-                  metrics_text: Callable[[], str] | None = None) -> FastAPI:
+                  metrics_text: Callable[[], str] | None = None, quotas: QuotaBook | None = None,
+                  cluster_name: str = "dspark") -> FastAPI:
     """The OpenAI-compatible app serving `model_name` from the engine `get_engine()` returns.
 
     With `arms` (A/B): each request goes to `arm_engines[arm]()` for the arm `ab.chosen_arm` picks, the
     response names it in `x-dspark-arm`, and `request_log` (JSONL) gets one record per finished request
     for `dspark ab report`. `metrics`: per arm ("default" without arms), the request metrics' handles;
-    `metrics_text()`: the Prometheus text `GET /metrics` serves (see metrics_export.py)."""
+    `metrics_text()`: the Prometheus text `GET /metrics` serves (see metrics_export.py). `admission`: per arm
+    (admission.py); `quotas`: per-key buckets (quotas.py), settled through the `<cluster_name>-quotas` actor."""
     app = FastAPI(title="dspark", description="OpenAI-compatible speculative decoding server")
     install_error_handlers(app)
     any_arm = next(iter(metrics.values()), None) if metrics else None
     guard_metrics = (Metrics(any_arm.labels["model_name"], "any", "ingress", any_arm.labels["replica"])
                      if any_arm is not None else None)
-    admissions = list(admission.values()) if isinstance(admission, dict) else [admission] if admission else []
+    admissions = (dict(admission) if isinstance(admission, dict) else {arms[0].name if arms else "default": admission}
+                  if admission else {})
+    gate = AdmissionGate(admissions, quotas, metrics) if admissions or quotas else None
+    app.state.admission_gate = gate
     app.add_middleware(GuardMiddleware, keys=keys or KeyRing(), max_body_bytes=max_body_bytes, metrics=guard_metrics,
-                       admissions=admissions)
+                       gate=gate, cluster_name=cluster_name)
     started = int(time.time())
 
     def check_model(body_model: str | None) -> None:
@@ -459,12 +487,18 @@ def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str, key
         engine = arm_engines[arm]() if arm_engines else get_engine()
         if not await _is_ready(engine):  # warming up: say when to come back, queue nothing
             raise _warming_up()
-        adm = admission.get(arm) if isinstance(admission, dict) else admission  # a bounded queue per arm
-        if adm is not None and not adm.try_enter():
-            raise ApiError(429, "the server is at capacity; retry later", type_="rate_limit_error",
-                           code="overloaded", headers={"Retry-After": str(adm.retry_after_s())})
+        state = request.scope.get("state", {})
+        adm = admissions.get(arm) if admissions else None  # per arm: admitted by predicted latency
+        if gate is not None and adm is not None:
+            refusal = gate.enter(arm, state.get("admission_mode"), getattr(engine, "num_verify_replicas", None))
+            if refusal is not None:
+                raise _refused(refusal)
+        num_in_flight = adm.num_in_flight if adm is not None else 0
         record = _RequestRecord(arm, _request_id(request), time.time(), time.perf_counter(), log_file,
                                 metrics.get(arm) if metrics else None)
+        digest = state.get("key_digest")
+        if quotas is not None and digest:
+            record.charge = lambda n: quotas.charge_tokens(digest, n)
         try:
             prompt_ids = encode(engine.tokenizer, body)
             stream = TextStream(engine.tokenizer, body.stop_list())
@@ -475,7 +509,16 @@ def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str, key
             raise
         record.first_s = record.last_s = time.perf_counter()
         record.num_prompt_tokens = len(prompt_ids)
-        return prompt_ids, stream, _released(gen, adm), first, record
+        if adm is None:
+            return prompt_ids, stream, _released(gen, None), first, record
+        adm.model.first_token(record.first_s - record.start_s, num_in_flight)  # itself included
+        record.model = adm.model
+
+        def closed() -> None:
+            adm.leave()
+            adm.model.finished(record.last_s - record.first_s, was_decoding=True)
+
+        return prompt_ids, stream, _released(gen, closed), first, record
 
     async def check_ready() -> None:
         """503 unless every arm would answer a chat now (the engine loop runs, the pool answered its probe)."""
@@ -592,10 +635,16 @@ class _RequestRecord:
     num_prompt_tokens: int = 0
     first_s: float = 0.0
     last_s: float = 0.0
+    model: LatencyModel | None = None  # the arm's latency model: it measures tokens per running request
+    charge: Callable[[int], None] | None = None  # the key's tokens quota, charged at the end
+    num_outputs: int = 0
 
     def on_output(self, out: RequestOutput) -> None:
         """An output reached the client: one inter-token-latency observation (vLLM: one per delivery)."""
         now = time.perf_counter()
+        if self.model is not None and self.num_outputs and out.new_token_ids:
+            self.model.tokens(len(out.new_token_ids))
+        self.num_outputs += 1
         if self.metrics is not None and self.last_s and out.new_token_ids:
             self.metrics.observe("vllm:inter_token_latency_seconds", now - self.last_s)
         if out.new_token_ids:
@@ -606,6 +655,8 @@ class _RequestRecord:
         generator has been closed, which frees its KV slot and draft context."""
         now = time.perf_counter()
         n = len(stream.token_ids)
+        if self.charge is not None:
+            self.charge(self.num_prompt_tokens + n)
         m = self.metrics
         if m is not None:
             if is_aborted:

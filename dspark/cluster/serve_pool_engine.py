@@ -36,12 +36,15 @@ class ServePoolEngine:
         self.verify_pool = verify_pool.options(stream=True)
         self.readiness = ReadinessProbe(lambda: self._probe(verify_pool))
         self.num_resumed = 0
+        self.num_verify_replicas = 1  # live verify replicas, as the scheduler last listed them (admission reads it)
         metrics = config.metrics("ingress", "ingress")
-        metrics.refresh_every(self._pool_gauges(metrics), interval_s=5.0)
+        metrics.refresh_every(self._pool_gauges(metrics), interval_s=2.0)
 
     def _pool_gauges(self, metrics: Any) -> Any:
         def set_gauges() -> None:
             live = self._live()
+            if live:
+                self.num_verify_replicas = max(1, len(live.get("verify", {})))
             metrics.set("dspark_pool_replicas", len(live.get("verify", {})), pool="verify")
             if self.config.mode == "decoupled":
                 metrics.set("dspark_pool_replicas", len(live.get("draft", {})), pool="draft")

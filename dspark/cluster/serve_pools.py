@@ -159,6 +159,9 @@ class VerifyReplica(VerifyWorker):
             "tpot_p50_s": statistics.median(t for _, t in timings) if timings else 0.0,
             "draft_wait_ms": sum(s.exposed_ms for s in spans) / len(spans) if spans else 0.0,
             "is_unpaired": float(isinstance(drafter, RemoteDrafter) and drafter.is_broken),
+            # the SLA this arm serves under (args.sla, the one place it is set): the policy compares with it
+            "sla_ttft_s": self.config.sla.ttft_s,
+            "sla_tpot_s": self.config.sla.tpot_s,
         }
 
     # ---- pairing (decoupled) ---------------------------------------------------------------------
