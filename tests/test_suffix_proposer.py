@@ -191,6 +191,9 @@ def test_hybrid_greedy_speculation_equals_hf_generate(tiny_target, mode, schedul
     counts = source_counts(engine)
     assert counts.get("dspark", [0])[0] > 0 and counts.get("request", [0])[0] + counts.get("corpus", [0])[0] > 0
     assert sum(r.num_accepted for r in reqs) > 0
+    # the verify side's verdicts reach the drafter (in decoupled mode, riding on the next draft message)
+    stats = hybrid.source_stats()
+    assert stats["dspark"]["num_verified"] > 0 and stats["request"]["num_verified"] + stats["corpus"]["num_verified"]
     # every request released (remotely, releases ride on the next message: the last ones never leave)
     assert not hybrid.suffix._texts if mode == "colocated" else len(hybrid.suffix._texts) <= 8
 

@@ -78,6 +78,7 @@ class RemoteDrafter:
         self.name = name
         self._state: dict[str, _Buffered] = {}
         self._released: list[str] = []
+        self._verdicts: list[tuple[str, int, int]] = []  # (request, verified, accepted) not yet sent
         self._in_flight: deque[tuple[int, list[str], TransportSpan]] = deque()
         self._seq = 0
         self.spans: deque[TransportSpan] = deque(maxlen=max_num_spans)
@@ -105,6 +106,7 @@ class RemoteDrafter:
             self.error = repr(exc)
         self._state.clear()
         self._released.clear()
+        self._verdicts = []
         try:
             self.channel.close()
         except Exception:  # noqa: BLE001 - already broken
@@ -120,6 +122,7 @@ class RemoteDrafter:
         self.error = None
         self._state.clear()
         self._released.clear()
+        self._verdicts = []
         self._void_below = self._seq
         self._last_send_s = time.monotonic()
 
@@ -131,6 +134,11 @@ class RemoteDrafter:
     def release(self, request_id: str) -> None:
         if self._state.pop(request_id, None) is not None:
             self._released.append(request_id)
+
+    def feedback(self, request_ids: list[str], num_verified: list[int], num_accepted: list[int]) -> None:
+        """The engine's verdict on a round (tokens verified and accepted per request): it rides on the next
+        message, so a multi-source drafter on the far side learns its sources' acceptance (`feedback`)."""
+        self._verdicts += [(rid, v, a) for rid, v, a in zip(request_ids, num_verified, num_accepted) if v > 0]
 
     def propose(self, requests: list[DraftRequest], max_num_tokens: int) -> DraftOutput:
         self.submit(requests, max_num_tokens)
@@ -202,7 +210,9 @@ class RemoteDrafter:
                             "num_features": n})
         message: dict[str, Any] = {
             "kind": kind, "seq": self._seq, "max_num_tokens": max_num_tokens, "requests": entries,
-            "features": torch.cat(feats) if feats else None, "released": self._released}
+            "features": torch.cat(feats) if feats else None, "released": self._released,
+            "verdicts": self._verdicts}
+        self._verdicts = []
         self._released = []
         self._last_send_s = time.monotonic()
         return message

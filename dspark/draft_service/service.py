@@ -60,6 +60,7 @@ class DraftService:
         received = time.time()
         with self._lock:
             start = time.time()
+            self._apply_verdicts(message.get("verdicts") or [])
             for rid in message.get("released", []):
                 self._forget(rid)
             for req in message["requests"]:
@@ -102,6 +103,14 @@ class DraftService:
         by_id = {r.request_id: i for i, r in enumerate(usable)}  # requests without a draft get none (ℓ = 0)
         return {"tokens": [out.tokens[by_id[r.request_id]] if r.request_id in by_id else [] for r in batch],
                 "probs": None, "confidences": None}
+
+    def _apply_verdicts(self, verdicts: list[tuple[str, int, int]]) -> None:
+        """The verify side's verdicts on earlier rounds, for drafters that learn from them (suffix, hybrid)."""
+        feedback = getattr(self.drafter, "feedback", None)
+        if feedback is None or not verdicts:
+            return
+        ids, verified, accepted = zip(*verdicts)
+        feedback(list(ids), list(verified), list(accepted))
 
     def _can_draft(self, req: DraftRequest, max_num_tokens: int) -> bool:
         try:

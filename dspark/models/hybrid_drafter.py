@@ -94,8 +94,9 @@ class HybridDrafter:
         sources = [p.source if p else "" for p in cheap]
         confidences: list[list[float]] = [p.conditional if p else [] for p in cheap]
         probs: list[torch.Tensor] | None = None
-        self.suffix.last = {}
-        self._chosen_model = {}
+        for r in requests:  # per request: the latest round's choice, until its verdict or release
+            self.suffix.last.pop(r.request_id, None)
+            self._chosen_model.pop(r.request_id, None)
         picked = [i for i, m in enumerate(use_model) if m]
         if picked:
             t0 = time.perf_counter()

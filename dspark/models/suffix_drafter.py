@@ -176,8 +176,8 @@ class SuffixDrafter:
         tokens: list[list[int]] = []
         confidences: list[list[float]] = []
         sources: list[str] = []
-        self.last = {}
         for req, best in zip(requests, self.choose_batch(requests, max_num_tokens)):
+            self.last.pop(req.request_id, None)
             if best is None:
                 tokens.append([])
                 confidences.append([])
