@@ -262,3 +262,19 @@ def test_native_walks_read_the_same_calibration_cells_as_python():
         assert w.conf == pytest.approx(expected, rel=1e-6)
         checked += len(w.conf)
     assert checked > 100
+
+
+def test_live_calibration_follows_the_outcomes_of_verified_proposals():
+    """Survival learned from the deployment's own verdicts (past rounds only): a source whose drafts are always
+    rejected sees its survival fall after the next refresh."""
+    docs = [np.array([1, 2, 3, 4, 5, 6], dtype=np.int32)] * 50
+    config = SuffixConfig(sources=("corpus",), live_refresh_every=64)
+    drafter = SuffixDrafter(SuffixIndex.build(docs), SourceCalibration(), config)
+    req = DraftRequest("r", [9, 1, 2], 0.0)
+    first = drafter.propose([req], 3)
+    assert first.tokens == [[3, 4, 5]] and first.confidences[0][0] > 0.9  # uncalibrated: the raw frequency
+    for _ in range(100):
+        drafter.propose([req], 3)
+        drafter.feedback(["r"], [3], [0])  # every first token rejected
+    later = drafter.propose([req], 3)
+    assert later.tokens == first.tokens and later.confidences[0][0] < 0.1

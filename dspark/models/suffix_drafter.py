@@ -42,6 +42,7 @@ class Proposal:
     source: str
     walk: Walk
     conditional: list[float]
+    temperature: float = 0.0
 
     @property
     def expected_tokens(self) -> float:
@@ -70,6 +71,10 @@ class SuffixConfig:
     heldout_fraction: float = 0.0  # leave the calibration split out of the index (calibration runs)
     walk: WalkParams = field(default_factory=WalkParams)
     sources: tuple[str, ...] = SOURCES
+    # live calibration: verified proposals add to the shipped counts, so survival follows the deployment's
+    # own traffic (the tables depend on past rounds only: lossless); cells are re-read every N outcomes
+    live_calibration: bool = True
+    live_refresh_every: int = 2048
 
     @classmethod
     def from_dict(cls, data: dict) -> SuffixConfig:
@@ -98,6 +103,7 @@ class SuffixDrafter:
         self._texts: dict[str, RequestText] = {}
         self._tables: dict[tuple[str, str], np.ndarray | None] = {}
         self._batch: BatchWalks | None = None
+        self._num_live = 0  # outcomes recorded since the cells were last re-read
         self._work = np.zeros(max(1, self.config.walk.max_occurrences), dtype=np.int64)
         self._num_rounds = 0
         self.last: dict[str, Proposal] = {}  # request id -> the chosen proposal of the latest round
@@ -167,7 +173,7 @@ class SuffixDrafter:
                 chosen.append(None)
                 continue
             walk = out.walk(r, c)
-            chosen.append(Proposal(_SOURCE_NAMES[c], walk, walk.conf))
+            chosen.append(Proposal(_SOURCE_NAMES[c], walk, walk.conf, req.temperature))
         return chosen
 
     def propose(self, requests: list[DraftRequest], max_num_tokens: int) -> DraftOutput:
@@ -203,6 +209,16 @@ class SuffixDrafter:
             s.num_accepted += n_acc
             for k in range(min(n_acc, len(s.accepted_by_position))):
                 s.accepted_by_position[k] += 1
+            if self.config.live_calibration and not self.explore:
+                w = p.walk
+                self.calibration.record(p.source, p.temperature, w.freq, w.count, w.match, n_ver, n_acc)
+                self._num_live += min(n_ver, n_acc + 1)
+        if self._num_live >= self.config.live_refresh_every:
+            self._num_live = 0
+            for by_source in self.calibration.tables.values():
+                for table in by_source.values():
+                    table._table = None
+            self._tables = {}  # re-read (and re-frozen) at the next round
 
     def source_stats(self) -> dict[str, dict]:
         return {s: asdict(v) for s, v in self.stats.items()}
