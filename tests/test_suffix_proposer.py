@@ -278,3 +278,32 @@ def test_live_calibration_follows_the_outcomes_of_verified_proposals():
         drafter.feedback(["r"], [3], [0])  # every first token rejected
     later = drafter.propose([req], 3)
     assert later.tokens == first.tokens and later.confidences[0][0] < 0.1
+
+
+def test_served_text_joins_its_tenants_index_only_and_old_text_is_evicted():
+    from dspark.models.suffix_served import ServedConfig, ServedText
+
+    served = ServedText(ServedConfig(max_tokens_per_tenant=400, min_rebuild_tokens=8), background=False)
+    secret = np.array([7, 8, 9, 10, 11, 12, 13, 14], dtype=np.int32)
+    served.add("tenant-a", secret)
+    assert served.index_for("tenant-a") is not None and served.index_for("tenant-b") is None
+    walk = served.index_for("tenant-a").walk(np.array([7, 8, 9], dtype=np.int32), 3, WalkParams())
+    assert walk.tokens == [10, 11, 12]
+    for i in range(60):  # 480 more tokens: the oldest text leaves the store and the index
+        served.add("tenant-a", np.arange(100 + 8 * i, 108 + 8 * i, dtype=np.int32))
+    assert served.index_for("tenant-a").walk(np.array([7, 8, 9], dtype=np.int32), 3, WalkParams()).tokens == []
+    assert served.stats()["num_tokens"] <= 400
+
+
+def test_a_tenants_finished_requests_draft_its_next_ones_and_no_one_elses():
+    config = SuffixConfig(sources=("request", "served"))
+    config.served.min_rebuild_tokens = 4
+    drafter = SuffixDrafter(None, SourceCalibration(), config)
+    drafter.served.background = False
+    text = [5, 6, 7, 8, 9, 10, 11, 12, 13]
+    drafter.propose([DraftRequest("a1", text, 0.0, tenant="a")], 4)
+    drafter.release("a1")  # its text joins tenant a's store
+    out = drafter.propose([DraftRequest("a2", [1, 5, 6, 7], 0.0, tenant="a"),
+                           DraftRequest("b1", [1, 5, 6, 7], 0.0, tenant="b")], 4)
+    assert out.tokens[0] == [8, 9, 10, 11] and out.sources[0] == "served"
+    assert out.tokens[1] == [] and out.sources[1] == ""  # tenant b never sees tenant a's text

@@ -502,7 +502,9 @@ def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str, key
         try:
             prompt_ids = encode(engine.tokenizer, body)
             stream = TextStream(engine.tokenizer, body.stop_list())
-            gen, first = await _start(engine, prompt_ids, body.sampling_params())
+            params = body.sampling_params()
+            params.tenant = digest or ""  # the suffix proposer's served text stays within the key
+            gen, first = await _start(engine, prompt_ids, params)
         except BaseException:
             if adm is not None:
                 adm.leave()

@@ -207,7 +207,7 @@ class RemoteDrafter:
             feats += st.features
             st.features = []
             entries.append({"id": req.request_id, "new_tokens": new_tokens, "temperature": req.temperature,
-                            "num_features": n})
+                            "num_features": n, "tenant": req.tenant})
         message: dict[str, Any] = {
             "kind": kind, "seq": self._seq, "max_num_tokens": max_num_tokens, "requests": entries,
             "features": torch.cat(feats) if feats else None, "released": self._released,

@@ -87,7 +87,7 @@ class DraftService:
             if n and features is not None and self.hidden_layers:
                 self.drafter.observe(req["id"], features[offset:offset + n])  # type: ignore[union-attr]
             offset += n
-            batch.append(DraftRequest(req["id"], list(history), req["temperature"]))
+            batch.append(DraftRequest(req["id"], list(history), req["temperature"], req.get("tenant", "")))
         if self.drafter is None or not batch or message["max_num_tokens"] == 0:
             return {"tokens": [[] for _ in batch], "probs": None, "confidences": None}
         usable = [r for r in batch if r.request_id not in self._unusable]

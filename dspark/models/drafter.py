@@ -19,6 +19,7 @@ class DraftRequest:
     request_id: str
     token_ids: list[int]  # prompt + output so far; the last one is not yet verified-into the cache
     temperature: float
+    tenant: str = ""  # who the request is for (see SamplingParams.tenant)
 
 
 @dataclass

@@ -27,11 +27,12 @@ import numpy as np
 from dspark.models.drafter import DraftOutput, DraftRequest
 from dspark.models.suffix_corpus import corpus_paths, read_responses
 from dspark.models.suffix_index import BatchWalks, RequestText, SuffixIndex, Walk, WalkParams, propose_batch
+from dspark.models.suffix_served import ServedConfig, ServedText
 from dspark.spec.source_calibration import SOURCES, SourceCalibration, regime_of
 
 log = logging.getLogger(__name__)
 
-_SOURCE_NAMES = ("request", "corpus")  # the native batch's source order
+_SOURCE_NAMES = ("request", "corpus", "served")  # the native batch's source order
 DEFAULT_SUFFIX_DIR = Path(__file__).resolve().parents[2] / "checkpoints" / "suffix-smollm2"
 
 
@@ -75,13 +76,18 @@ class SuffixConfig:
     # own traffic (the tables depend on past rounds only: lossless); cells are re-read every N outcomes
     live_calibration: bool = True
     live_refresh_every: int = 2048
+    # the outputs this deployment serves, indexed per tenant (suffix_served.py); share_served: one store for
+    # every tenant (only where tenants may learn from each other's text: acceptance timing reveals it)
+    served: ServedConfig = field(default_factory=ServedConfig)
+    share_served: bool = False
 
     @classmethod
     def from_dict(cls, data: dict) -> SuffixConfig:
         data = dict(data)
         walk = WalkParams(**data.pop("walk", {}))
+        served = ServedConfig(**data.pop("served", {}))
         sources = tuple(data.pop("sources", SOURCES))
-        return cls(walk=walk, sources=sources, **data)
+        return cls(walk=walk, served=served, sources=sources, **data)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -104,6 +110,9 @@ class SuffixDrafter:
         self._tables: dict[tuple[str, str], np.ndarray | None] = {}
         self._batch: BatchWalks | None = None
         self._num_live = 0  # outcomes recorded since the cells were last re-read
+        self.served = ServedText(self.config.served) if "served" in self.config.sources and \
+            self.config.served.is_enabled else None
+        self._tenants: dict[str, str] = {}  # request id -> whose served store its text joins
         self._work = np.zeros(max(1, self.config.walk.max_occurrences), dtype=np.int64)
         self._num_rounds = 0
         self.last: dict[str, Proposal] = {}  # request id -> the chosen proposal of the latest round
@@ -147,28 +156,32 @@ class SuffixDrafter:
         sources' walks for the whole batch run in one native call; in explore mode (calibration runs) the
         sources alternate deterministically instead."""
         self._num_rounds += 1
-        texts = []
+        texts, served = [], []
         for req in requests:
             text = self._texts.get(req.request_id)
             if text is None:
                 text = self._texts[req.request_id] = RequestText()
             text.sync(req.token_ids)
             texts.append(text)
+            tenant = "" if self.config.share_served else req.tenant
+            self._tenants[req.request_id] = tenant
+            served.append(self.served.index_for(tenant) if self.served is not None else None)
         regimes = {r.temperature > 0 for r in requests}
-        tables = {t: (self._cells("request", float(t)), self._cells("corpus", float(t))) for t in regimes}
-        out = propose_batch(texts, self.index, self.config.walk, max_num_tokens,
-                            [tables[r.temperature > 0] for r in requests], "request" in self.config.sources,
-                            "corpus" in self.config.sources, self._batch, self._work)
+        tables = {t: tuple(self._cells(s, float(t)) for s in _SOURCE_NAMES) for t in regimes}
+        use = ("request" in self.config.sources, "corpus" in self.config.sources, self.served is not None)
+        out = propose_batch(texts, self.index, served, self.config.walk, max_num_tokens,
+                            [tables[r.temperature > 0] for r in requests], use, self._batch, self._work)
         self._batch = out
         chosen: list[Proposal | None] = []
-        has = out.k[:len(requests)] > 0  # (R, 2)
-        for s, source in enumerate(("request", "corpus")):
+        has = out.k[:len(requests)] > 0  # (R, sources)
+        for s, source in enumerate(_SOURCE_NAMES):
             if source in self.stats:
                 self.stats[source].num_proposals += int(has[:, s].sum())
         for r, req in enumerate(requests):
             c = int(out.chosen[r])
-            if self.explore and bool(has[r].all()):
-                c = (self._num_rounds + zlib.crc32(req.request_id.encode())) % 2
+            candidates = [s for s in range(len(_SOURCE_NAMES)) if has[r, s]]
+            if self.explore and len(candidates) > 1:
+                c = candidates[(self._num_rounds + zlib.crc32(req.request_id.encode())) % len(candidates)]
             if c < 0:
                 chosen.append(None)
                 continue
@@ -227,5 +240,8 @@ class SuffixDrafter:
         self.stats = {s: SourceStats() for s in self.config.sources}
 
     def release(self, request_id: str) -> None:
-        self._texts.pop(request_id, None)
+        text = self._texts.pop(request_id, None)
+        tenant = self._tenants.pop(request_id, "")
+        if text is not None and self.served is not None:  # its text joins its tenant's served store
+            self.served.add(tenant, text.tokens().copy())
         self.last.pop(request_id, None)

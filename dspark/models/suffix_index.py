@@ -231,23 +231,27 @@ class RequestText:
         return out.walk(k)
 
 
+NUM_SOURCES = 3  # the native batch's sources: 0 request, 1 corpus, 2 served
+
+
 class BatchWalks:
-    """Output buffers of `propose_batch` (both sources for every request of a round), grown as needed."""
+    """Output buffers of `propose_batch` (every source for every request of a round), grown as needed."""
 
     def __init__(self, num_requests: int, max_tokens: int) -> None:
-        r, k = num_requests, max_tokens
+        r, k, s = num_requests, max_tokens, NUM_SOURCES
         self.num_requests, self.max_tokens = r, k
-        self.tokens = np.zeros((r, 2, k), dtype=np.int32)
-        self.freq = np.zeros((r, 2, k), dtype=np.float32)
-        self.count = np.zeros((r, 2, k), dtype=np.int32)
-        self.match = np.zeros((r, 2, k), dtype=np.int32)
-        self.conf = np.zeros((r, 2, k), dtype=np.float32)
-        self.k = np.zeros((r, 2), dtype=np.int64)
-        self.expected = np.zeros((r, 2), dtype=np.float32)
+        self.tokens = np.zeros((r, s, k), dtype=np.int32)
+        self.freq = np.zeros((r, s, k), dtype=np.float32)
+        self.count = np.zeros((r, s, k), dtype=np.int32)
+        self.match = np.zeros((r, s, k), dtype=np.int32)
+        self.conf = np.zeros((r, s, k), dtype=np.float32)
+        self.k = np.zeros((r, s), dtype=np.int64)
+        self.expected = np.zeros((r, s), dtype=np.float32)
         self.chosen = np.zeros(r, dtype=np.int64)
         self.seq_ptrs = np.zeros(r, dtype=np.int64)
         self.seq_lens = np.zeros(r, dtype=np.int64)
-        self.tables = np.zeros(2 * r, dtype=np.int64)
+        self.served = np.zeros(4 * r, dtype=np.int64)
+        self.tables = np.zeros(s * r, dtype=np.int64)
         self.ptrs = tuple(a.ctypes.data for a in (self.tokens, self.freq, self.count, self.match, self.conf, self.k,
                                                   self.expected, self.chosen))
 
@@ -257,26 +261,30 @@ class BatchWalks:
                     self.match[r, s, :k].tolist(), self.conf[r, s, :k].tolist())
 
 
-def propose_batch(texts: list[RequestText], index: SuffixIndex | None, params: WalkParams, max_tokens: int,
-                  tables: list[tuple[int, int]], use_request: bool, use_corpus: bool,
+def propose_batch(texts: list[RequestText], index: SuffixIndex | None, served: list[SuffixIndex | None],
+                  params: WalkParams, max_tokens: int, tables: list[tuple[int, int, int]], use: tuple[bool, bool, bool],
                   out: BatchWalks | None, work: np.ndarray) -> BatchWalks:
-    """Both sources' walks for every request in ONE native call (see `propose_batch` in suffix_kernels.c);
-    `tables[r]`: the addresses of the (request, corpus) calibration cells of request r's regime (0: none)."""
+    """Every source's walk for every request in ONE native call (see `propose_batch` in suffix_kernels.c).
+    `served[r]`: request r's tenant's served-text index (None: none); `tables[r]`: the addresses of the
+    (request, corpus, served) calibration cells of request r's regime (0: none); `use`: which sources run."""
     n = len(texts)
     if out is None or out.num_requests < n or out.max_tokens != max_tokens:
         out = BatchWalks(max(n, 2 * (out.num_requests if out else 0), 8), max_tokens)
-    for r, (t, (t_req, t_cor)) in enumerate(zip(texts, tables)):
+    for r, (t, cells, s) in enumerate(zip(texts, tables, served)):
         out.seq_ptrs[r] = t.ptr
         out.seq_lens[r] = t.length
-        out.tables[2 * r] = t_req
-        out.tables[2 * r + 1] = t_cor
+        out.tables[3 * r:3 * r + 3] = cells
+        if s is not None and len(s.sa):
+            out.served[4 * r:4 * r + 4] = (s._text_ptr, len(s.text), s._sa_ptr, len(s.sa))
+        else:
+            out.served[4 * r + 3] = 0
     lib = suffix_native.required()
     has_index = index is not None and len(index.sa) > 0
     lib.propose_batch(n, out.seq_ptrs.ctypes.data, out.seq_lens.ctypes.data,
                       index._text_ptr if has_index else None, len(index.text) if has_index else 0,  # type: ignore[union-attr]
                       index._sa_ptr if has_index else None, len(index.sa) if has_index else 0,  # type: ignore[union-attr]
-                      index.depth if has_index else DEFAULT_DEPTH,  # type: ignore[union-attr]
+                      out.served.ctypes.data, DEFAULT_DEPTH,
                       params.min_ctx, params.max_ctx, params.request_min_ctx, params.request_max_ctx, max_tokens,
                       params.min_path_prob, params.num_samples, params.max_occurrences, work.ctypes.data,
-                      int(use_request), int(use_corpus), out.tables.ctypes.data, *out.ptrs)
+                      int(use[0]), int(use[1]), int(use[2]), out.tables.ctypes.data, *out.ptrs)
     return out

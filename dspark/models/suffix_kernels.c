@@ -194,42 +194,47 @@ int64_t request_walk(const int32_t *seq, int64_t n, int64_t min_ctx, int64_t max
     return k;
 }
 
-/* One proposal round for R requests, both sources, in one call (what SuffixDrafter.propose runs).
+/* One proposal round for R requests, every source, in one call (what SuffixDrafter.propose runs).
+ * Sources: 0 = the request's own text, 1 = the global index, 2 = the request's tenant's served text.
  * Request r's text is the int32 array at seq_ptrs[r] of length seq_lens[r]; the global index is (text, sa)
- * (n_sa = 0: none). tables[2r + s] is the calibration table of request r and source s (0 = request,
- * 1 = corpus) for its regime, or 0 (raw frequency). Outputs, per (r, s): out_k (tokens emitted) and
- * out_expected (Σ_k Π_{i≤k} c_i); per (r, s, j < max_tokens): the walk's tokens, freq, count, match, conf;
- * per r: out_chosen, the source with more expected tokens (ties: the request's own text), -1 for none. */
+ * (n_sa = 0: none); request r's served index is (served[4r] text ptr, served[4r+1] length, served[4r+2] sa
+ * ptr, served[4r+3] length; a zero length: none). tables[3r + s] is the calibration table of request r and
+ * source s for its regime, or 0 (raw frequency). Outputs, per (r, s): out_k (tokens emitted) and
+ * out_expected (sum_k prod_{i<=k} c_i); per (r, s, j < max_tokens): the walk's tokens, freq, count, match,
+ * conf; per r: out_chosen, the source with the most expected tokens (ties: the lower source), -1 for none. */
 void propose_batch(int64_t R, const int64_t *seq_ptrs, const int64_t *seq_lens,
-                   const int32_t *text, int64_t n_text, const int32_t *sa, int64_t n_sa, int64_t depth,
-                   int64_t min_ctx, int64_t max_ctx, int64_t req_min_ctx, int64_t req_max_ctx, int64_t max_tokens,
-                   float min_path_prob, int64_t num_samples, int64_t max_occurrences, int64_t *work,
-                   int64_t use_request, int64_t use_corpus, const int64_t *tables,
+                   const int32_t *text, int64_t n_text, const int32_t *sa, int64_t n_sa, const int64_t *served,
+                   int64_t depth, int64_t min_ctx, int64_t max_ctx, int64_t req_min_ctx, int64_t req_max_ctx,
+                   int64_t max_tokens, float min_path_prob, int64_t num_samples, int64_t max_occurrences,
+                   int64_t *work, int64_t use_request, int64_t use_corpus, int64_t use_served, const int64_t *tables,
                    int32_t *out_tokens, float *out_freq, int32_t *out_count, int32_t *out_match, float *out_conf,
                    int64_t *out_k, float *out_expected, int64_t *out_chosen) {
     for (int64_t r = 0; r < R; r++) {
         const int32_t *seq = (const int32_t *)seq_ptrs[r];
         int64_t n = seq_lens[r];
-        for (int64_t s = 0; s < 2; s++) {
-            int64_t o = (r * 2 + s) * max_tokens, k = 0;
-            const float *table = (const float *)tables[r * 2 + s];
+        int64_t c = n < max_ctx ? n : max_ctx;
+        int64_t best = -1;
+        for (int64_t s = 0; s < 3; s++) {
+            int64_t o = (r * 3 + s) * max_tokens, k = 0;
+            const float *table = (const float *)tables[r * 3 + s];
             if (s == 0 && use_request)
                 k = request_walk(seq, n, req_min_ctx, req_max_ctx, max_tokens, min_path_prob, max_occurrences, work,
                                  out_tokens + o, out_freq + o, out_count + o, out_match + o, table, out_conf + o);
-            else if (s == 1 && use_corpus && n_sa > 0) {
-                int64_t c = n < max_ctx ? n : max_ctx;
+            else if (s == 1 && use_corpus && n_sa > 0)
                 k = suffix_walk(text, n_text, sa, n_sa, seq + n - c, c, min_ctx, max_ctx, depth, max_tokens,
                                 min_path_prob, num_samples, out_tokens + o, out_freq + o, out_count + o, out_match + o,
                                 table, out_conf + o);
-            }
+            else if (s == 2 && use_served && served[4 * r + 3] > 0)
+                k = suffix_walk((const int32_t *)served[4 * r], served[4 * r + 1], (const int32_t *)served[4 * r + 2],
+                                served[4 * r + 3], seq + n - c, c, min_ctx, max_ctx, depth, max_tokens, min_path_prob,
+                                num_samples, out_tokens + o, out_freq + o, out_count + o, out_match + o, table,
+                                out_conf + o);
             float expected = 0.0f, path = 1.0f;
             for (int64_t j = 0; j < k; j++) { path *= out_conf[o + j]; expected += path; }
-            out_k[r * 2 + s] = k;
-            out_expected[r * 2 + s] = expected;
+            out_k[r * 3 + s] = k;
+            out_expected[r * 3 + s] = expected;
+            if (k > 0 && (best < 0 || expected > out_expected[r * 3 + best])) best = s;
         }
-        int64_t best = -1;
-        if (out_k[r * 2] > 0) best = 0;
-        if (out_k[r * 2 + 1] > 0 && (best < 0 || out_expected[r * 2 + 1] > out_expected[r * 2])) best = 1;
         out_chosen[r] = best;
     }
 }

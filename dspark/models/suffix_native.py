@@ -50,8 +50,8 @@ def library() -> ctypes.CDLL | None:
     lib.suffix_walk.restype = i64
     lib.request_walk.argtypes = [ptr, i64, i64, i64, i64, f32, i64] + [ptr] * 7
     lib.request_walk.restype = i64
-    lib.propose_batch.argtypes = ([i64, ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, i64, i64, i64, f32, i64, i64, ptr,
-                                   i64, i64, ptr] + [ptr] * 8)
+    lib.propose_batch.argtypes = ([i64, ptr, ptr, ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, i64, i64, f32, i64, i64,
+                                   ptr, i64, i64, i64, ptr] + [ptr] * 8)
     lib.propose_batch.restype = None
     return lib
 

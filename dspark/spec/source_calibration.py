@@ -21,7 +21,9 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SOURCES = ("request", "corpus")
+SOURCES = ("request", "corpus", "served")
+# a source without tables of its own starts from another's (the deployment's served text reads like the corpus)
+PRIOR_SOURCE = {"served": "corpus"}
 REGIMES = ("greedy", "sampled")
 _NUM_F, _NUM_N, _NUM_M, _NUM_K = 10, 7, 6, 4
 
@@ -93,8 +95,10 @@ class SourceCalibration:
 
     def cells(self, source: str, temperature: float) -> list[float] | None:
         """The table's estimates in (f, n, m, k) row-major order (the layout the native walk reads), or None
-        where the source has no data in this regime."""
+        where the source has no data in this regime (its PRIOR_SOURCE's, if that has)."""
         table = self.table(source, regime_of(temperature))
+        if (table is None or table.num_trials == 0) and source in PRIOR_SOURCE:
+            table = self.table(PRIOR_SOURCE[source], regime_of(temperature))
         if table is None or table.num_trials == 0:
             return None
         if table._table is None:
@@ -104,6 +108,8 @@ class SourceCalibration:
     def conditional(self, source: str, temperature: float, freq: list[float], count: list[int],
                     match: list[int]) -> list[float]:
         table = self.table(source, regime_of(temperature))
+        if (table is None or table.num_trials == 0) and source in PRIOR_SOURCE:
+            table = self.table(PRIOR_SOURCE[source], regime_of(temperature))
         if table is None or table.num_trials == 0:
             return [min(0.99, max(0.01, f)) for f in freq]
         return [table.lookup(feature_bins(f, n, m, k + 1)) for k, (f, n, m) in enumerate(zip(freq, count, match))]
@@ -113,7 +119,12 @@ class SourceCalibration:
         """One verified proposal: position k (0-based) is a trial when it was verified and 0..k-1 were accepted;
         a success when it was accepted too."""
         regime = regime_of(temperature)
-        table = self.tables.setdefault(regime, {}).setdefault(source, SourceTable())
+        by_source = self.tables.setdefault(regime, {})
+        if source not in by_source:  # starts from its prior source's counts, then learns its own
+            prior = by_source.get(PRIOR_SOURCE.get(source, ""))
+            by_source[source] = SourceTable({k: list(v) for k, v in prior.counts.items()} if prior else {},
+                                            prior.prior_weight if prior else 4.0)
+        table = by_source[source]
         for k in range(min(num_verified, num_accepted + 1, len(freq))):
             table.add(feature_bins(freq[k], count[k], match[k], k + 1), k < num_accepted)
 

@@ -343,7 +343,7 @@ class Engine:
         gamma = self.config.num_draft_tokens
         if self.drafter is None or gamma == 0 or not self._gate_allows(len(active)):
             return DraftOutput(tokens=[[] for _ in active])
-        reqs = [DraftRequest(r.request_id, r.token_ids, r.params.temperature) for r in active]
+        reqs = [DraftRequest(r.request_id, r.token_ids, r.params.temperature, r.params.tenant) for r in active]
         return self.drafter.propose(reqs, gamma)
 
     def _gate_allows(self, batch_size: int) -> bool:

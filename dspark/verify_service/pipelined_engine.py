@@ -132,7 +132,7 @@ class PipelinedEngine(Engine):
         if self._rounds is None or gamma == 0 or not active:
             return
         self._merged = not self._gate_allows(len(active))
-        reqs = [DraftRequest(r.request_id, r.token_ids, r.params.temperature) for r in active]
+        reqs = [DraftRequest(r.request_id, r.token_ids, r.params.temperature, r.params.tenant) for r in active]
         if self._merged:
             # not drafting: a remote drafter still gets the context now and then, off the critical path
             # of the round that the gate's next probe will wait for

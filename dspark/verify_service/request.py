@@ -22,6 +22,9 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # report the target's logprob of each token, and this many alternatives
+    # whose text this request's output may join and draft from (the suffix proposer's served-text index):
+    # the ingress sets a digest of the API key; "" = no key
+    tenant: str = ""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
