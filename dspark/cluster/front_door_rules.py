@@ -28,6 +28,8 @@ MARKER = "# dspark front door"
 LIMIT_HEADER = "x-dspark-admit-limit"
 RETRY_HEADER = "x-dspark-retry-after"
 GENERATE_PATHS = ("/v1/chat/completions", "/v1/completions")
+WARMING_BODY = ('{\\"error\\":{\\"message\\":\\"the server is starting; retry later\\",'
+                '\\"type\\":\\"service_unavailable_error\\",\\"param\\":null,\\"code\\":\\"warming_up\\"}}')
 BODY = ('{\\"error\\":{\\"message\\":\\"the server is at capacity; retry later\\",'
         '\\"type\\":\\"rate_limit_error\\",\\"param\\":null,\\"code\\":\\"overloaded\\"}}')
 
@@ -72,7 +74,7 @@ def add_rules(config: str) -> str:
     section = ""
     backends = [m.group(1) for m in re.finditer(r"^\s*use_backend (\S+) if is_\1\s*$", config, re.M)]
     if not backends:
-        return config
+        return _warming_rules(lines)
     inserted_frontend = False
     for line in lines:
         stripped = line.strip()
@@ -90,6 +92,19 @@ def add_rules(config: str) -> str:
                 out += frontend_rules(b)
             inserted_frontend = True
         out.append(line)
+    return "\n".join(out)
+
+
+def _warming_rules(lines: list[str]) -> str:
+    """No application routed yet (Serve is still deploying it): the API paths answer 503 + Retry-After, as the
+    ingress does while it warms up, instead of the generated config's 404 "Path not found"."""
+    out: list[str] = []
+    for line in lines:
+        out.append(line)
+        if line.strip() == "frontend http_frontend":
+            out += [f"    {MARKER}: no application yet, so the API is warming up",
+                    "    http-request return status 503 content-type application/json hdr Retry-After 2 "
+                    f"string \"{WARMING_BODY}\" if {{ path_beg /v1/ }} or {{ path /health }}"]
     return "\n".join(out)
 
 
