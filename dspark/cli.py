@@ -243,7 +243,9 @@ def eval_cmd(
         summary[f"T={temp}"] = {"tau": run["tau"], "tau_macro": run["tau_macro"],
                                 "conditional_acceptance": run["conditional_acceptance"],
                                 "ece_before": cal.get("ece_before_mean"), "ece_after": cal.get("ece_after_mean"),
-                                "auc": cal.get("auc_after", cal.get("auc_before")), "sources": run.get("sources")}
+                                "auc": cal.get("auc_after", cal.get("auc_before")), "sources": run.get("sources"),
+                                "ece_by_source": {s: c.get("ece_before_mean") for s, c in
+                                                  run.get("calibration_by_source", {}).items()} or None}
     _emit(summary, out_dir / f"eval_{name}.json")
 
 

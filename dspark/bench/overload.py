@@ -215,6 +215,8 @@ def run_overload(args: dict[str, Any], multiple: float = 10.0, max_tokens: int =
     # fixed pool sizes: a replica the autoscaler adds mid-run (a model and a KV cache, ~2.7 GB here) would
     # be counted as memory the overload took, and its start-up would stall the cores the run is timing
     args = fixed_pool_args(args)
+    if "sla" in modes:  # the SLA arm needs the app's admission built with the SLA; static is asked per request
+        args = {**args, "admission": "sla"}
     cfg = ServeAppConfig.model_validate(args)
     sla = {"ttft_s": cfg.sla.ttft_s, "tpot_s": cfg.sla.tpot_s}
     limit = cfg.num_replicas * cfg.admission_limit

@@ -186,9 +186,11 @@ class ServeAppConfig(BaseModel):
     sla: SLAConfig = Field(default_factory=SLAConfig, description="The SLA, in one place: read by admission "
                            "(cluster/admission.py) and reported by the verify pools to the autoscaling policy.")
     admission: Literal["sla", "static"] = Field(
-        "sla", description="sla: admit a request when its predicted TTFT and the batch's predicted TPOT are "
-                           "within the SLA (from rates measured at the ingress), never past the static limit; "
-                           "static: only the static limit (capacity + max_queued_requests), the old behaviour.")
+        "static", description="sla (what configs/serve.yaml ships): admit a request when its predicted TTFT and "
+                              "the batch's predicted TPOT are within the SLA (from rates measured at the ingress), "
+                              "never past the static limit; static: only the static limit (capacity + "
+                              "max_queued_requests), the default for configs that do not name an SLA policy "
+                              "(closed-loop benchmarks and tests that size their load by the limit).")
     api_key_quotas: list[KeyQuota] = Field(default_factory=list, description="Per-key token buckets (requests "
                                            "and tokens per minute); keys without one are not limited.")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="Largest request body; larger: 413.")

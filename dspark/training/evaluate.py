@@ -28,11 +28,18 @@ class Rounds:
     num_verified: list[int] = field(default_factory=list)
     num_accepted: list[int] = field(default_factory=list)
     confidences: list[list[float]] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)  # which source drafted each round ("" where not said)
 
     def extend(self, other: Rounds) -> None:
         self.num_verified += other.num_verified
         self.num_accepted += other.num_accepted
         self.confidences += other.confidences
+        self.sources += other.sources
+
+    def of_source(self, source: str) -> Rounds:
+        keep = [i for i, s in enumerate(self.sources) if s == source]
+        return Rounds([self.num_verified[i] for i in keep], [self.num_accepted[i] for i in keep],
+                      [self.confidences[i] for i in keep], [source] * len(keep))
 
     @property
     def tau(self) -> float:
@@ -81,6 +88,7 @@ def run_rounds(engine: Engine, prompts: list[list[int]], temperature: float, max
                 rounds.num_verified.append(v)
                 rounds.num_accepted.append(n)
                 rounds.confidences.append(s.confidences[r] if s.confidences else [])
+                rounds.sources.append(s.sources[r] if s.sources else "")
     return rounds
 
 
@@ -133,6 +141,11 @@ def evaluate(target: TargetModel, drafter: Drafter, datasets: list[str], tempera
             "per_dataset": per_ds,
             "calibration": calibration_report(pooled, gamma, sts_temperatures),
         }
+        named = sorted({s for s in pooled.sources if s})
+        if named:  # multi-source drafters: each source's survival judged on its own rounds
+            report["runs"][str(temp)]["calibration_by_source"] = {
+                s: {"num_rounds": len(sub.num_accepted), **calibration_report(sub, gamma, None)}
+                for s in named if (sub := pooled.of_source(s)).num_accepted}
         if hasattr(drafter, "source_stats"):  # the hybrid and suffix drafters: which source drafted what
             report["runs"][str(temp)]["sources"] = drafter.source_stats()
             drafter.reset_stats()
