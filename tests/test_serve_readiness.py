@@ -78,8 +78,13 @@ def test_warming_pools_answer_503_with_retry_after_until_a_chat_would_be_answere
                             assert chat.status_code == 200, chat.text
                         elif path == "/v1/chat/completions":
                             first_chat_s = time.monotonic() - t0
-                    if is_healthy:  # reported healthy: it answers now
-                        chat = client.post("/v1/chat/completions", json=CHAT)
+                    if is_healthy:  # reported healthy: it answers as soon as the ingress's probe says so, i.e.
+                        # within the probe's cache time plus one probe (readiness.py: 1 s + 2 s), 503s till then
+                        deadline = time.monotonic() + 3.5
+                        while (chat := client.post("/v1/chat/completions", json=CHAT)).status_code == 503:
+                            assert "retry-after" in chat.headers, chat.text
+                            assert time.monotonic() < deadline, f"verify reported HEALTHY but chat got {chat.text}"
+                            time.sleep(0.1)
                         assert chat.status_code == 200, f"verify reported HEALTHY but chat got {chat.text}"
                     time.sleep(0.1)
         finally:

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Issue 28's speed figures in one go, each a side-by-side run on this machine (nothing else should run):
+#   1. `dspark bench decode`: the hybrid against the suffix sources alone, prompt lookup, DSpark and the
+#      oracle, at batch 1 and 8, every drafter under Algorithm 1 (greedy scheduler), per domain;
+#   2. `dspark bench serve --interleave`: no-spec, the hybrid under Algorithm 1 ("scheduled") and MTP-1 over
+#      HTTP, C = 1..32, 128 tokens.
+# The verify dtype is this machine's measured choice for verification (`dtype: auto` in serve.yaml: bf16 on
+# CPUs with AMX / AVX-512-BF16, fp32 elsewhere), so the figures are those `make serve` would see.
+#   scripts/bench_suffix.sh OUT_DIR [decode|serve|all]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-docs/results/suffix}
+WHAT=${2:-all}
+mkdir -p "$OUT"
+DTYPE=$(.venv/bin/python - <<'EOF'
+from dspark.models.dtype_choice import chosen_dtype
+from dspark.models.target import cache_dir
+from dspark.verify_service.profiles import recorded_dtype_choice
+print(chosen_dtype("verify", "smollm2-135m-instruct", "cpu", cache_dir(),
+                   recorded_dtype_choice("smollm2-135m-instruct", "cpu")) or "fp32")
+EOF
+)
+echo "verify dtype: $DTYPE" >&2
+if [ "$WHAT" = decode ] || [ "$WHAT" = all ]; then
+  .venv/bin/dspark bench decode --drafters hybrid,suffix,ngram,dspark,oracle --batch-sizes 1,8 \
+    --scheduler greedy --num-prompts 8 --max-new-tokens 128 --dtype "$DTYPE" --hf-dtypes "" \
+    --out "$OUT/bench_decode.json"
+fi
+if [ "$WHAT" = serve ] || [ "$WHAT" = all ]; then
+  .venv/bin/dspark bench serve --interleave --arms no-spec,scheduled,mtp1 --drafter hybrid --max-tokens 128 \
+    --arm-config configs/bench/suffix_arm.yaml --concurrency 1,2,4,8,16,32 --set "dtype=$DTYPE" \
+    --out "$OUT/bench_serve.json" --plot-dir "$OUT"
+fi
