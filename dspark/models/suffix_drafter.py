@@ -15,8 +15,10 @@ folders to index, the walk parameters, and `calibration.json`.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import operator
 import time
 import zlib
 from dataclasses import asdict, dataclass, field
@@ -47,11 +49,8 @@ class Proposal:
 
     @property
     def expected_tokens(self) -> float:
-        total, path = 0.0, 1.0
-        for c in self.conditional:
-            path *= c
-            total += path
-        return total
+        """Σ_k Π_{i≤k} c_i: the accepted tokens this proposal promises (suffix_kernels.c computes the same)."""
+        return sum(itertools.accumulate(self.conditional, operator.mul))
 
 
 @dataclass

@@ -64,15 +64,6 @@ class Walk:
     def empty() -> Walk:
         return Walk([], [], [], [], [])
 
-    @property
-    def expected_tokens(self) -> float:
-        """Σ of the path probabilities (what a raw, uncalibrated walk promises)."""
-        total, path = 0.0, 1.0
-        for f in self.freq:
-            path *= f
-            total += path
-        return total
-
 
 class _Out:
     """Output buffers of one walk (reused: a walk writes at most max_tokens entries)."""
