@@ -33,7 +33,7 @@ def test_a_burst_of_2000_connections_is_refused_by_the_front_door_while_admitted
         tiny_target_dir: Path) -> None:
     args = {"target": str(tiny_target_dir), "model_name": MODEL, "drafter": "ngram", "scheduler": "fixed",
             "num_draft_tokens": 3, "max_model_len": 2048, "max_num_seqs": 4, "max_queued_requests": 4,
-            "num_threads": 1}
+            "num_threads": 1, "admission": "sla"}  # as configs/serve.yaml ships it
     with serving(args, front_door="haproxy") as client:
         for _ in range(4):  # the front door learns the limit from these responses
             r = client.post("/v1/completions", json={"model": MODEL, "prompt": [5, 9], "max_tokens": 8,
