@@ -19,43 +19,26 @@ from collections.abc import Iterator
 import torch
 from transformers import DynamicCache
 
+from dspark.models.kv_cache import SlotPool
 from dspark.models.runner import ForwardOutput, SeqChunk
 
 log = logging.getLogger(__name__)
 
 
-class GenericCache:
-    """Slots like `KVCachePool` (allocate, free moving the last slot, lengths), each holding one request's HF
-    cache and its token ids instead of rows of a shared K/V tensor."""
+class GenericCache(SlotPool):
+    """Slots like `KVCachePool`, each holding one request's HF cache and its token ids instead of rows of a
+    shared K/V tensor."""
 
     def __init__(self, max_num_seqs: int, max_model_len: int) -> None:
-        self.max_num_seqs = max_num_seqs
-        self.max_model_len = max_model_len
-        self.lengths = [0] * max_num_seqs
-        self.num_active = 0
         self.caches: list[DynamicCache | None] = [None] * max_num_seqs
         self.tokens: list[list[int]] = [[] for _ in range(max_num_seqs)]
+        super().__init__(max_num_seqs, max_model_len)
 
-    def allocate(self) -> int:
-        if self.num_active >= self.max_num_seqs:
-            raise RuntimeError("KV cache pool is full")
-        slot = self.num_active
-        self.num_active += 1
-        self.lengths[slot] = 0
+    def _clear(self, slot: int) -> None:
         self.caches[slot], self.tokens[slot] = None, []
-        return slot
 
-    def free(self, slot: int) -> int | None:
-        """Release a slot; the last active slot moves into it. Returns the moved slot's old index."""
-        last = self.num_active - 1
-        self.num_active -= 1
-        if slot == last:
-            self.caches[slot], self.tokens[slot] = None, []
-            return None
-        self.caches[slot], self.tokens[slot], self.lengths[slot] = self.caches[last], self.tokens[last], \
-            self.lengths[last]
-        self.caches[last], self.tokens[last] = None, []
-        return last
+    def _move(self, src: int, dst: int) -> None:
+        self.caches[dst], self.tokens[dst] = self.caches[src], self.tokens[src]
 
 
 class GenericRunner:

@@ -5,7 +5,45 @@ from __future__ import annotations
 import torch
 
 
-class KVCachePool:
+class SlotPool:
+    """Request slots 0..num_active-1, kept dense: freeing a slot moves the last active one into it. Subclasses
+    say what a slot holds (`_clear`, `_move`)."""
+
+    def __init__(self, max_num_seqs: int, max_model_len: int) -> None:
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.lengths = [0] * max_num_seqs  # valid cached tokens per slot
+        self.num_active = 0
+
+    def allocate(self) -> int:
+        if self.num_active >= self.max_num_seqs:
+            raise RuntimeError("KV cache pool is full")
+        slot = self.num_active
+        self.num_active += 1
+        self.lengths[slot] = 0
+        self._clear(slot)
+        return slot
+
+    def free(self, slot: int) -> int | None:
+        """Release a slot; the last active slot moves into it. Returns the moved slot's old index."""
+        last = self.num_active - 1
+        self.num_active -= 1
+        if slot == last:
+            self._clear(slot)
+            return None
+        self._move(last, slot)
+        self.lengths[slot] = self.lengths[last]
+        self._clear(last)
+        return last
+
+    def _clear(self, slot: int) -> None:
+        """Forget what `slot` holds (a freshly allocated or vacated slot)."""
+
+    def _move(self, src: int, dst: int) -> None:
+        """Copy slot `src`'s contents (its first lengths[src] positions) into slot `dst`."""
+
+
+class KVCachePool(SlotPool):
     """K/V tensors of shape (max_num_seqs, max_model_len, num_kv_heads, head_dim) per layer.
 
     Position-major within a slot, so writing T new tokens is one `index_copy_` of T contiguous rows
@@ -23,31 +61,13 @@ class KVCachePool:
         # zeros, not empty: masked keys still enter P@V, and 0 * NaN garbage would poison valid rows
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.max_num_seqs = max_num_seqs
-        self.max_model_len = max_model_len
-        self.lengths = [0] * max_num_seqs  # valid cached tokens per slot
-        self.num_active = 0
+        super().__init__(max_num_seqs, max_model_len)
 
-    def allocate(self) -> int:
-        if self.num_active >= self.max_num_seqs:
-            raise RuntimeError("KV cache pool is full")
-        slot = self.num_active
-        self.num_active += 1
-        self.lengths[slot] = 0
-        return slot
-
-    def free(self, slot: int) -> int | None:
-        """Release a slot; the last active slot moves into it. Returns the moved slot's old index."""
-        last = self.num_active - 1
-        self.num_active -= 1
-        if slot == last:
-            return None
-        n = self.lengths[last]
+    def _move(self, src: int, dst: int) -> None:
+        n = self.lengths[src]
         for k, v in zip(self.k, self.v):
-            k[slot, :n].copy_(k[last, :n])
-            v[slot, :n].copy_(v[last, :n])
-        self.lengths[slot] = n
-        return last
+            k[dst, :n].copy_(k[src, :n])
+            v[dst, :n].copy_(v[src, :n])
 
     def rows(self, slot_idx: torch.Tensor, pos_idx: torch.Tensor) -> torch.Tensor:
         """(T,) row of each (slot, position) in the flattened (slots * positions) view, for `write`."""
