@@ -33,9 +33,12 @@ class PrepareError(RuntimeError):
     """A preparation that cannot succeed on this machine as it is; the message names cause and fix."""
 
 
-def cache_root() -> Path:
-    from dspark.models.target import cache_dir
+def cache_dir() -> Path:
+    """Root of dspark's on-disk cache (``$DSPARK_CACHE`` or ``~/.cache/dspark``)."""
+    return Path(os.environ.get("DSPARK_CACHE", Path.home() / ".cache" / "dspark"))
 
+
+def cache_root() -> Path:
     return cache_dir()
 
 

