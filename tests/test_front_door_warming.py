@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 
 import httpx
 import pytest
 
+from dspark.actors.transport import free_port
 from dspark.cluster.front_door import haproxy_binary
 from dspark.cluster.front_door_rules import MARKER, add_rules
 
@@ -33,14 +33,8 @@ backend default_backend
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_haproxy_answers_the_api_503_with_retry_after_until_an_application_is_routed(tmp_path):
-    port = _free_port()
+    port = free_port("127.0.0.1")
     config = add_rules(NO_APP.format(port=port))
     assert MARKER in config and add_rules(config) == config  # idempotent, like the rules for routed backends
     path = tmp_path / "haproxy.cfg"

@@ -7,7 +7,6 @@ import concurrent.futures
 import contextlib
 import json
 import re
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ import uvicorn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dspark.actors.transport import free_port
 from dspark.cluster.access import KeyRing, key_digest
 from dspark.cluster.admission import Admission
 from dspark.cluster.openai_api import build_fastapi
@@ -33,15 +33,9 @@ LEAKS = re.compile(r"Traceback|File \"|/work/|/root/|/home/|site-packages|\.py\b
                    r"ActorID|actor_id|pid=", re.I)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextlib.contextmanager
 def _uvicorn(app) -> Iterator[str]:  # noqa: ANN001
-    port = _free_port()
+    port = free_port("127.0.0.1")
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

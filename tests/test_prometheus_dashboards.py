@@ -1,6 +1,7 @@
 """A real Prometheus (Debian's `prometheus`) scrapes `/metrics` of a real cluster under load (tiny model,
-decoupled pools, gloo, central scheduler, a DSpark drafter with its confidence head), and every PromQL query
-of every Grafana panel returns data. Also: the vLLM names are there, and `/metrics` needs an admin key."""
+decoupled pools, gloo, central scheduler, the hybrid drafter: DSpark with its confidence head + the suffix
+sources), and every PromQL query of every Grafana panel returns data. Also: the vLLM names are there, and
+`/metrics` needs an admin key."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import concurrent.futures as cf
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from dspark.actors.transport import free_port
 from dspark.cluster.access import key_digest
 from dspark.cluster.dashboards import all_queries
 from tests.test_cluster_serving import app_args
@@ -36,15 +37,9 @@ VLLM_NAMES = ["vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_t
               "vllm:prompt_tokens_total", "vllm:generation_tokens_total"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def prometheus(target: str, tmp: Path) -> Iterator[str]:
-    port = _free_port()
+    port = free_port("127.0.0.1")
     (tmp / "key").write_text(ADMIN)
     (tmp / "prometheus.yml").write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
@@ -82,7 +77,10 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(tiny_target, 
                                                                    tmp_path: Path) -> None:
     ckpt = save_tiny_baseline(tiny_target, "dspark", tmp_path / "dspark")
     # the shipped shape: Serve pools under the application-level autoscaling policy (declarative deploy)
-    args = app_args(tiny_target_dir, drafter="dspark", drafter_kwargs={"path": str(ckpt)}, draft_gate=True,
+    # the hybrid as serve.yaml ships it (DSpark + the suffix sources: request and served text; the committed
+    # corpus is SmolLM2's text, not the tiny model's), so the per-source panels have data too
+    args = app_args(tiny_target_dir, drafter="hybrid",
+                    drafter_kwargs={"path": str(ckpt), "sources": ["request", "served"]}, draft_gate=True,
                     pools="serve", verify_autoscaling={"min_replicas": 1, "max_replicas": 1},
                     draft_autoscaling={"min_replicas": 1, "max_replicas": 1},
                     admin_api_key_sha256=[key_digest(ADMIN)], cluster_name="dspark-prom")

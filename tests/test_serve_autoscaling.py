@@ -19,8 +19,9 @@ from ray import serve
 from ray.serve._private.api import serve_start
 from ray.serve.schema import ServeDeploySchema
 
+from dspark.actors.transport import free_port
 from tests.test_cluster_serving import app_args
-from tests.test_serve_http import _free_port, _wait_healthy
+from tests.test_serve_http import _wait_healthy
 
 NUM_NEW = 48
 
@@ -91,7 +92,7 @@ DRAFT_BUSY_HIGH = 1e-4
 @contextlib.contextmanager
 def deployed(args: dict, policy: dict, headers: dict | None = None) -> Iterator[httpx.Client]:
     """The app deployed the declarative way (`serve run <yaml>` does this), with an application-level policy."""
-    port = _free_port()
+    port = free_port("127.0.0.1")
     for var in ("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"):
         os.environ.setdefault(var, "60")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ import ray
 from ray import serve
 from transformers import AutoTokenizer
 
+from dspark.actors.transport import free_port
 from dspark.cluster.app import ServeAppConfig, build_app
 from dspark.cluster.front_door import front_door_environment
 
@@ -24,18 +24,12 @@ PROMPT = "the cat and the dog"
 MAX_MODEL_LEN = 256
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @contextlib.contextmanager
 def serving(args: dict, health_timeout_s: float = 60, headers: dict | None = None,
             front_door: str = "proxy") -> Iterator[httpx.Client]:
     """A local Ray cluster with the dspark app built from `args`, and an HTTP client on it (through Serve's
     proxy unless `front_door` says otherwise)."""
-    port = _free_port()
+    port = free_port("127.0.0.1")
     # a 2-core machine running other work can starve the proxy for a while: be patient with it
     # (the controller inherits these through the local cluster's environment)
     for var in ("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"):

@@ -15,10 +15,10 @@ import pytest
 import ray
 from ray import serve
 
+from dspark.actors.transport import free_port
 from dspark.cluster.app import build_app
 from dspark.cluster.front_door import front_door_environment
 from tests.test_cluster_serving import app_args
-from tests.test_serve_http import _free_port
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}
 
@@ -42,7 +42,7 @@ def test_warming_pools_answer_503_with_retry_after_until_a_chat_would_be_answere
         os.environ.setdefault(var, "60")
     args = app_args(tiny_target_dir, pools="serve", cluster_name="dspark-readiness", num_verify_workers=1,
                     num_draft_workers=1)
-    port = _free_port()
+    port = free_port("127.0.0.1")
     seen: collections.Counter[str] = collections.Counter()
     bad: list[str] = []
     with front_door_environment("proxy"):

@@ -18,11 +18,14 @@ A message is a dict of plain Python values and torch tensors (at any nesting dep
 
 from __future__ import annotations
 
+import contextlib
 import pickle
+import random
 import socket
 from collections import deque
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -91,9 +94,21 @@ class Channel(Protocol):
     def close(self) -> None: ...
 
 
-def free_port() -> int:
+def free_port(host: str = "") -> int:
+    """A port nobody listens on, drawn below the kernel's ephemeral range (`ip_local_port_range`, where the
+    OS hands out ports for outgoing connections and `bind(0)`) and above Ray's worker ports (10002-19999):
+    a port from `bind(0)` can be taken by any new connection between this check and the server's bind."""
+    low, high = 20000, 32767
+    with contextlib.suppress(OSError, ValueError):
+        low_eph = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+        high = min(high, low_eph - 1)
+    for _ in range(200 if high > low else 0):
+        port = random.randint(low, high)
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.bind((host, port))
+            return port
     with socket.socket() as s:
-        s.bind(("", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 

@@ -13,7 +13,6 @@ join as the extra arm "peer". The summary gives throughput ratios per level agai
 from __future__ import annotations
 
 import os
-import socket
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,6 +22,7 @@ import httpx
 import yaml
 from tqdm import tqdm
 
+from dspark.actors.transport import free_port as free_port
 from dspark.bench.load import (
     LevelResult,
     LoadConfig,
@@ -127,12 +127,6 @@ def fixed_pool_args(args: dict[str, Any]) -> dict[str, Any]:
         out["ab_arms"] = [{**a, "overrides": {k: v for k, v in (a.get("overrides") or {}).items() if k not in drop}}
                           for a in out["ab_arms"]]
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_healthy(base_url: str, timeout_s: float) -> None:
