@@ -536,6 +536,29 @@ def bench_roofline_cmd(
     _emit(res, out)
 
 
+@bench_app.command("generic")
+def bench_generic_cmd(
+    tokenizer: str = typer.Option("smollm2-135m-instruct", help="Tokenizer of the tiny targets (a HF folder or the "
+                                  "embedded default's name)."),
+    families: str = typer.Option("olmo2,granite", help="Comma-separated families only the generic path serves "
+                                 "(dspark/bench/tiny_targets.py), each beside the same-size Llama."),
+    also_target: list[str] = typer.Option([], "--also-target", help="A real target measured through both paths "
+                                          "too, e.g. smollm2-135m-instruct (repeatable)."),
+    num_requests: int = typer.Option(8, min=1), prompt_len: int = typer.Option(24, min=4),
+    max_tokens: int = typer.Option(32, min=1), num_repeats: int = typer.Option(3, min=1),
+    hidden_size: int = typer.Option(64, min=16), num_layers: int = typer.Option(2, min=1),
+    num_threads: int | None = THREADS,
+    out: Path | None = typer.Option(None, help="Also write the JSON here."),
+) -> None:
+    """The cost of being generic: the native runner beside the generic transformers path (same Llama through
+    both; generic-only architectures beside it), target-only and n-gram, interleaved; JSON last."""
+    _setup(num_threads)
+    from dspark.bench.generic_cost import run_generic_cost
+
+    _emit(run_generic_cost(tokenizer, tuple(f for f in families.split(",") if f), tuple(also_target), num_requests,
+                           prompt_len, max_tokens, num_repeats, hidden_size, num_layers), out)
+
+
 @bench_app.command("generate")
 def bench_generate_cmd(
     target: str = TARGET,

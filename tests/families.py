@@ -1,63 +1,21 @@
-"""Tiny random targets of each family (hidden 64, 2 layers), built from a config and saved as HF folders with
-the tiny word-level tokenizer of tests/tiny.py: the families the runner describes natively (family.py) and two
-that only the generic path runs."""
+"""The tiny family targets of dspark/bench/tiny_targets.py with the word-level tokenizer and the test SPS profile
+of tests/tiny.py."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
 
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
+from dspark.bench.tiny_targets import FAMILY_CONFIGS, GENERIC, NATIVE, WINDOW
+from dspark.bench.tiny_targets import make_family_dir as make_bare_family_dir
 from tests.tiny import TEST_SPS_FILE
 
-WINDOW = 8  # sliding window of the windowed families: every test prompt is longer
-FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "qwen3": ("qwen3", dict(head_dim=16)),
-    "qwen3_moe": ("qwen3_moe", dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                                    norm_topk_prob=True, mlp_only_layers=[1])),  # one sparse, one dense layer
-    "qwen3_moe_window": ("qwen3_moe", dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-                                           sliding_window=WINDOW, use_sliding_window=True)),
-    "gemma3": ("gemma3_text", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=WINDOW,
-                                   layer_types=["sliding_attention", "full_attention"], final_logit_softcapping=30.0,
-                                   rope_local_base_freq=100.0)),
-    "gemma3_attn_softcap": ("gemma3_text", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=WINDOW,
-                                                layer_types=["sliding_attention", "full_attention"],
-                                                attn_logit_softcapping=2.0)),
-    "phi3": ("phi3", dict()),
-    "phi3_partial_rotary": ("phi3", dict(partial_rotary_factor=0.5)),
-    "llama3_rope": ("llama", dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                                "high_freq_factor": 4.0, "original_max_position_embeddings": 32})),
-    "mistral_window": ("mistral", dict(sliding_window=WINDOW)),
-    # no native description: the generic transformers path
-    "olmo2": ("olmo2", dict()),
-    "granite": ("granite", dict(embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.2,
-                                logits_scaling=2.0)),
-}
-NATIVE = ("qwen3", "qwen3_moe", "qwen3_moe_window", "gemma3", "gemma3_attn_softcap", "phi3", "phi3_partial_rotary",
-          "llama3_rope", "mistral_window")
-GENERIC = ("olmo2", "granite")
+__all__ = ["FAMILY_CONFIGS", "GENERIC", "NATIVE", "WINDOW", "make_family_dir"]
 
 
 def make_family_dir(kind: str, out: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
-    """A random `kind` model (FAMILY_CONFIGS) with the tokenizer of `tokenizer_dir`, saved to `out`."""
-    model_type, extra = FAMILY_CONFIGS[kind]
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    torch.manual_seed(seed)
-    cfg = AutoConfig.for_model(model_type, vocab_size=len(tok), hidden_size=64, intermediate_size=128,
-                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                               max_position_embeddings=1024, initializer_range=0.15, tie_word_embeddings=True,
-                               eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
-                               pad_token_id=tok.pad_token_id, **extra)
-    model = AutoModelForCausalLM.from_config(cfg)
-    with torch.no_grad():  # norms away from their init (so Gemma's 1 + w matters), sharper logits
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.add_(torch.randn_like(p) * 0.2)
-        model.get_output_embeddings().weight.mul_(2.0)
-    model.save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)
-    shutil.copy(Path(tokenizer_dir) / TEST_SPS_FILE, out / TEST_SPS_FILE)  # the tiny Llama's test SPS profile
+    """A random `kind` model with the tokenizer of `tokenizer_dir` (the tiny Llama's), saved to `out` with the
+    tiny Llama's test SPS profile."""
+    make_bare_family_dir(kind, out, tokenizer_dir, seed)
+    shutil.copy(Path(tokenizer_dir) / TEST_SPS_FILE, out / TEST_SPS_FILE)
     return out

@@ -137,9 +137,9 @@ def test_generic_path_speed_beside_the_native_path_on_llama(tiny_target: TargetM
     params = SamplingParams(max_tokens=32, ignore_eos=True)
     results = {}
     for path in ("native", "generic"):
-        engine = _engine(tiny_target, "none", max_num_seqs=8, prefix_cache_mb=0)
-        if path == "generic":
-            engine.runner = GenericRunner(tiny_target.model, 8, 128)
+        engine = _engine(tiny_target, "none", max_num_seqs=8, prefix_cache_mb=0,
+                         model_impl="transformers" if path == "generic" else "auto")
+        assert isinstance(engine.runner, GenericRunner) == (path == "generic")
         engine.generate(prompts, params)  # warm-up: first calls of each shape
         t0 = time.perf_counter()
         reqs = engine.generate(prompts, params)

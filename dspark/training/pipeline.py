@@ -214,6 +214,11 @@ def stage_calibrate(cfg: PipelineConfig) -> dict:
     gamma = drafter.model.config.block_size
     _, held = split_records(cfg)
     prompts = [r["prompt_ids"] for r in held][: cfg.train.num_calibration_prompts]
+    if not prompts:  # fitting on no rounds would store temperatures that describe nothing
+        reason = (f"no held-out prompts to calibrate on ({cfg.train.heldout_fraction:.0%} of the corpus held out "
+                  "by prompt hash): raise train.heldout_fraction or synth.num_prompts")
+        log.warning("calibrate: %s; the drafter is exported uncalibrated", reason)
+        return {"skipped": True, "reason": reason}
     engine = Engine(EngineConfig(target=cfg.target, drafter="dspark", scheduler="fixed",
                                  scheduler_kwargs={"k": gamma}, num_draft_tokens=gamma, max_num_seqs=8,
                                  max_model_len=2048), target=target, drafter=drafter)

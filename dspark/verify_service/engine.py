@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from dspark.models.drafter import Drafter, DraftOutput, DraftRequest, make_drafter
 from dspark.models.dtype_choice import chosen_dtype
+from dspark.models.generic_runner import GenericRunner
 from dspark.models.runner import ForwardOutput, SeqChunk, TargetRunner
 from dspark.models.target import DEFAULT_TARGET, TargetModel, cache_dir, load_target
 from dspark.spec.draft_gate import DraftGate
@@ -73,6 +74,9 @@ class EngineConfig:
     merge_stream_outputs: bool = False  # measured: no gain over HTTP here (docs/results/engine)
     # prompt-prefix K/V kept for reuse (prefix_cache.py), MiB; 0 turns automatic prefix caching off
     prefix_cache_mb: int = 256
+    # auto: the flattened runner for a family family.py describes, the generic transformers path for any other;
+    # transformers: the generic path for every target (what being generic costs, or to rule the native path out)
+    model_impl: str = "auto"
 
 
 def resolve_dtype(config: EngineConfig) -> str | None:
@@ -116,6 +120,16 @@ def _prefill_groups(reqs: list[Request], sizes: list[int] | None = None, max_req
     return groups
 
 
+def _make_runner(config: EngineConfig, target: TargetModel, row_invariant: bool = True) -> TargetRunner:
+    """The runner `config.model_impl` asks for (see EngineConfig)."""
+    if config.model_impl == "auto":
+        return TargetRunner(target.model, config.max_num_seqs, config.max_model_len, row_invariant=row_invariant)
+    if config.model_impl == "transformers":
+        return GenericRunner(target.model, config.max_num_seqs, config.max_model_len,  # type: ignore[return-value]
+                             row_invariant=row_invariant)
+    raise ValueError(f"model_impl must be auto or transformers, not {config.model_impl!r}")
+
+
 def _is_lossless_dtype(runner: TargetRunner, model: torch.nn.Module) -> bool:
     """False for a low-precision verify runner that is not row-invariant on this CPU: speculation in it would
     drift from target-only decoding in that dtype (models/row_invariance.py)."""
@@ -135,8 +149,7 @@ class Engine:
         self.config = config
         self.target = target or load_target(config.target, config.device, resolve_dtype(config))
         # bulk generation is compared with nothing: it may use kernels whose rounding varies with the batch
-        self.runner = TargetRunner(self.target.model, config.max_num_seqs, config.max_model_len,
-                                   row_invariant=config.dtype_role != "generate")
+        self.runner = _make_runner(config, self.target, row_invariant=config.dtype_role != "generate")
         if (drafter is not None or config.drafter != "none") and not _is_lossless_dtype(self.runner,
                                                                                          self.target.model):
             dtype = str(self.runner.dtype).removeprefix("torch.")
@@ -146,7 +159,7 @@ class Engine:
                                  "(the measured fastest verify dtype), or no drafter")
             log.warning("dtype auto chose %s, whose verify step is not row-invariant on this CPU: fp32", dtype)
             self.target = load_target(config.target, config.device, "fp32")
-            self.runner = TargetRunner(self.target.model, config.max_num_seqs, config.max_model_len)
+            self.runner = _make_runner(config, self.target)
         self.tokenizer = self.target.tokenizer
         self.eos_ids = self.target.eos_token_ids
         self.drafter = drafter if drafter is not None else make_drafter(
