@@ -456,6 +456,11 @@ def bench_serve_cmd(
     interleave: bool = typer.Option(False, help="Start all arms at once (route /<arm>) and run each level in "
                                     "two passes of half the requests, arms in order then reversed, so slow "
                                     "drift of a shared machine hits every arm alike."),
+    alone: bool = typer.Option(False, help="With --interleave: also measure each arm with only itself deployed, "
+                               "and report alone vs interleaved per level (summary.fairness)."),
+    peer_pid: int | None = typer.Option(None, help="pid of the --peer-url server: paused (SIGSTOP) while our arms "
+                                        "run, so its idle threads cannot spin on our cores; its idle cost is "
+                                        "measured first."),
     front_door: str = typer.Option("auto", help="What accepts connections: haproxy (Serve direct ingress behind "
                                    "HAProxy), proxy (Serve's ProxyActor) or auto (haproxy when installed)."),
     out: Path | None = typer.Option(None, help="Also write the JSON here."),
@@ -493,7 +498,8 @@ def bench_serve_cmd(
         load = LoadConfig(base_url="", max_tokens=max_tokens, temperature=temperature, seed=seed,
                           num_requests=num_requests, num_warmup=num_warmup, timeout_s=timeout_s)
         cfg = ServeBenchConfig(arms=arm_map, base=base, concurrency=levels, load=load, peer_url=peer_url,
-                               peer_model=peer_model, keep_requests=keep_requests, interleave=interleave)
+                               peer_model=peer_model, keep_requests=keep_requests, interleave=interleave,
+                               alone=alone, peer_pid=peer_pid)
         with _front_door(front_door) as door:
             res = {**run_serve_bench(cfg), "front_door": door}
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
