@@ -30,6 +30,13 @@ DTYPE = typer.Option(None, help="fp32 | bf16 | fp16 (default: fp32 on CPU, bf16 
 THREADS = typer.Option(None, help="torch threads (default: torch's choice).")
 
 
+def _hf_dtypes(spec: str, device: str) -> list[str]:
+    """`auto`: the dtypes with a fast path on this machine (bf16 is emulated and slow without bf16 units)."""
+    from dspark.models.dtype_choice import candidate_dtypes
+
+    return candidate_dtypes(device) if spec.strip() == "auto" else [d for d in spec.split(",") if d]
+
+
 def _setup(num_threads: int | None, verbose: bool = False) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING)
     if num_threads:
@@ -294,7 +301,8 @@ def bench_decode_cmd(
     max_new_tokens: int = typer.Option(128, min=1),
     scheduler: str = typer.Option("fixed", help="Scheduler for the non-oracle drafters."),
     num_draft_tokens: int = typer.Option(7, min=1),
-    hf_dtypes: str = typer.Option("fp32,bf16", help="Dtypes for the HF generate reference ('' to skip)."),
+    hf_dtypes: str = typer.Option("auto", help="Dtypes for the HF generate reference ('' to skip; auto: fp32, "
+                                  "and bf16 where the CPU has bf16 units)."),
     sps_profile: str | None = typer.Option(None),
     draft_gate: bool = typer.Option(True, help="Skip drafting where it has not paid (load-aware schedulers); "
                                     "--no-draft-gate lets the scheduler alone pick every length."),
@@ -319,7 +327,7 @@ def bench_decode_cmd(
     try:
         res = bench_decode(load_target(target, device, dtype), [d for d in drafters.split(",") if d],
                            [int(b) for b in batch_sizes.split(",")], num_prompts, max_new_tokens, scheduler,
-                           num_draft_tokens, sps_profile, [d for d in hf_dtypes.split(",") if d], checkpoints,
+                           num_draft_tokens, sps_profile, _hf_dtypes(hf_dtypes, device), checkpoints,
                            draft_gate)
     except (ValueError, FileNotFoundError) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -521,7 +529,8 @@ def bench_serve_cmd(
 @bench_app.command("roofline")
 def bench_roofline_cmd(
     target: str = TARGET, device: str = DEVICE,
-    dtypes: str = typer.Option("fp32,bf16", help="Comma-separated dtypes to measure."),
+    dtypes: str = typer.Option("", help="Comma-separated dtypes to measure (default: fp32, and bf16 where the "
+                               "CPU has bf16 units: AVX-512 BF16 or AMX; elsewhere bf16 is emulated and slow)."),
     batch_sizes: str = typer.Option("1,8,32,128,256", help="Decode batch sizes."),
     context_len: int = typer.Option(128, min=1, help="Cached tokens per sequence while decoding."),
     row_invariant: bool = typer.Option(False, help="Decode with the verify engine's row-invariant kernels "
