@@ -16,6 +16,7 @@ import functools
 import hashlib
 import json
 import logging
+import os
 import platform
 import statistics
 import time
@@ -57,7 +58,15 @@ def _read_cpu() -> tuple[str, tuple[str, ...]]:  # /proc/cpuinfo once per proces
     except OSError:
         pass
     wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_fp16")
+    if os.environ.get(ISA_ENV, "").lower() == "avx2" and "avx2" in flags:  # an AVX2-only CPU, emulated
+        return f"{model} (as avx2)", ("avx2",)
     return model, tuple(f for f in wanted if f in flags)
+
+
+# DSPARK_CPU_ISA=avx2 runs this machine as an AVX2-only CPU: the signature (profiles, plans, bf16 candidates)
+# names only avx2 and the native kernels are built for x86-64-v3. Set PyTorch's own ATEN_CPU_CAPABILITY=avx2
+# and ONEDNN_MAX_CPU_ISA=AVX2 with it (before torch is imported) for the library kernels to follow.
+ISA_ENV = "DSPARK_CPU_ISA"
 
 
 def has_bf16_units() -> bool:

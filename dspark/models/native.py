@@ -28,13 +28,20 @@ from pathlib import Path
 import torch
 
 from dspark.models import cache_once
-from dspark.models.gemm_plan import cpu_signature
+from dspark.models.gemm_plan import ISA_ENV, cpu_signature
 from dspark.models.target import cache_dir
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native_kernels.c")
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-funroll-loops", "-ffp-contract=fast", "-shared", "-fPIC", "-std=c11")
+
+
+def cflags() -> tuple[str, ...]:
+    """CFLAGS for this machine, or for an AVX2-only one where DSPARK_CPU_ISA=avx2 asks to emulate it."""
+    if os.environ.get(ISA_ENV, "").lower() == "avx2":
+        return tuple("-march=x86-64-v3" if f == "-march=native" else f for f in CFLAGS) + ("-mtune=native",)
+    return CFLAGS
 
 
 def traced(name: str) -> contextlib.AbstractContextManager:
@@ -63,7 +70,7 @@ def library() -> ctypes.CDLL | None:
     except (OSError, subprocess.SubprocessError) as e:
         log.warning("native kernels unavailable: %s", e)
         return None
-    ident = repr((source, cpu_signature(), version, CFLAGS)).encode()
+    ident = repr((source, cpu_signature(), version, cflags())).encode()
     out = cache_dir() / "native" / f"kernels-{hashlib.sha256(ident).hexdigest()[:16]}.so"  # see build_id
     if not out.exists():
         with cache_once.locked("native"):  # built once per machine: the other processes wait, then load it
@@ -71,7 +78,7 @@ def library() -> ctypes.CDLL | None:
                 out.parent.mkdir(parents=True, exist_ok=True)
                 cache_once.remove_stale(out)
                 tmp = cache_once.tmp_path(out)
-                res = subprocess.run([cc, *CFLAGS, str(SOURCE), "-o", str(tmp), "-lm"], capture_output=True,
+                res = subprocess.run([cc, *cflags(), str(SOURCE), "-o", str(tmp), "-lm"], capture_output=True,
                                      text=True)
                 if res.returncode != 0:
                     tmp.unlink(missing_ok=True)

@@ -21,42 +21,90 @@
 /* ---- fp32 GEMM on weights packed in column blocks: wp (out_pad / 16, in, 16), out_pad a multiple of the tile. ----
  * 16 outputs are one vector: y[r, o:o+16] += x[r, i] * wp[o/16, i, :], a plain FMA chain over i per output.
  * No horizontal sums (row-major dot products, tried first, spent ~40% of their time in them at 4-8 rows), the
- * weight tile is read once per 4 input rows, and every output is the same chain whatever the row count.
+ * weight tile is read once per TR input rows, and every output is the same chain whatever the row count.
  */
 typedef float vf16 __attribute__((vector_size(64), aligned(4)));
+/* A tile: TR input rows x NB blocks of 16 outputs. Its accumulators are vectors of the machine's width VW
+ * (a vf16 zmm with AVX-512, a vf8 ymm with AVX2: GCC's 64-byte vectors lowered to ymm pairs kept the AVX2
+ * accumulators on the stack, ~4 GFLOP/s a core), TR x NV of them held in registers with the NV weight vectors
+ * and a broadcast input. AVX-512 (32 zmm): 6 rows x 4 blocks = 24 + 4 + 1. AVX2 (16 ymm): 6 rows x 1 block
+ * (2 ymm) = 12 + 2 + 1. Overridable at build time (-DNATIVE_TR=, -DNATIVE_NB=) to measure other shapes. */
 #ifdef __AVX512F__
-#define NB 4 /* column blocks per tile: 4 x NB accumulators stay in registers (32 zmm with AVX-512) */
+typedef float vfw __attribute__((vector_size(64), aligned(4)));
+#define VW 16
 #else
-#define NB 2 /* 16 ymm registers with AVX2 */
+typedef float vfw __attribute__((vector_size(32), aligned(4)));
+#define VW 8
 #endif
+#ifndef NATIVE_NB
+#ifdef __AVX512F__
+#define NATIVE_NB 4
+#else
+#define NATIVE_NB 1
+#endif
+#endif
+#ifndef NATIVE_TR
+#define NATIVE_TR 6
+#endif
+#define NB NATIVE_NB
+#define TR NATIVE_TR
+#define NV (NB * 16 / VW) /* vectors per tile row */
 
 /* Outputs per tile, to which pack() pads the output dimension. */
 int64_t native_tile_outputs(void) { return 16 * NB; }
 
-/* Four input rows (missing ones repeat row 0, their sums are dropped) against NB blocks of 16 outputs. The
- * inputs are summed in runs of KB, each run's sum added to the output: the rounding error grows with
- * KB + in / KB terms instead of `in` (one chain over 1536 inputs drifted ~1e-5 from PyTorch's log-probs). */
+/* R <= TR input rows against NB blocks of 16 outputs, R a constant at each call site (tile_f32's switch), so
+ * the loops over rows unroll and the accumulators stay in registers: a remainder of rows costs only its own
+ * arithmetic. The inputs are summed in runs of KB, each run's sum added to the output: the rounding error grows
+ * with KB + in / KB terms instead of `in` (one chain over 1536 inputs drifted ~1e-5 from PyTorch's log-probs).
+ * Every output is the same chain whatever R. Vector v of a tile row is lanes (v * VW) % 16 .. of block
+ * (v * VW) / 16. */
 #define KB 64
-static inline void tile_f32(const float *const xr[4], int64_t in, const float *restrict b, float *restrict y,
-                            int64_t ld, int64_t nr) {
+static inline __attribute__((always_inline)) void tile_rows(const float *const xr[TR], const int R, int64_t in,
+                                                            const float *restrict b, float *restrict y, int64_t ld) {
   for (int64_t i0 = 0; i0 < in; i0 += KB) {
     int64_t i1 = i0 + KB < in ? i0 + KB : in;
-    vf16 acc[4][NB];
-    for (int r = 0; r < 4; r++)
-      for (int c = 0; c < NB; c++) acc[r][c] = (vf16){0};
+    vfw acc[TR][NV];
+    for (int r = 0; r < R; r++)
+      for (int v = 0; v < NV; v++) acc[r][v] = (vfw){0};
     for (int64_t i = i0; i < i1; i++) {
-      vf16 w[NB];
-      for (int c = 0; c < NB; c++) w[c] = *(const vf16 *)(b + c * in * 16 + i * 16);
-      for (int r = 0; r < 4; r++) {
+      vfw w[NV];
+      for (int v = 0; v < NV; v++) w[v] = *(const vfw *)(b + (v * VW / 16) * in * 16 + i * 16 + (v * VW) % 16);
+      for (int r = 0; r < R; r++) {
         float xv = xr[r][i];
-        for (int c = 0; c < NB; c++) acc[r][c] += xv * w[c];
+        for (int v = 0; v < NV; v++) acc[r][v] += xv * w[v];
       }
     }
-    for (int64_t r = 0; r < nr; r++)
-      for (int c = 0; c < NB; c++) {
-        vf16 *out = (vf16 *)(y + r * ld + c * 16);
-        *out = i0 == 0 ? acc[r][c] : *out + acc[r][c];
+    for (int r = 0; r < R; r++)
+      for (int v = 0; v < NV; v++) {
+        vfw *out = (vfw *)(y + r * ld + v * VW);
+        *out = i0 == 0 ? acc[r][v] : *out + acc[r][v];
       }
+  }
+}
+
+static void tile_f32(const float *const xr[TR], int64_t in, const float *restrict b, float *restrict y, int64_t ld,
+                     int64_t nr) {
+  switch (nr) {
+    case 1: tile_rows(xr, 1, in, b, y, ld); break;
+    case 2: tile_rows(xr, 2, in, b, y, ld); break;
+    case 3: tile_rows(xr, 3, in, b, y, ld); break;
+#if TR >= 4
+    case 4: tile_rows(xr, 4, in, b, y, ld); break;
+#endif
+#if TR >= 5
+    case 5: tile_rows(xr, 5, in, b, y, ld); break;
+#endif
+#if TR >= 6
+    case 6: tile_rows(xr, 6, in, b, y, ld); break;
+#endif
+#if TR >= 7
+    case 7: tile_rows(xr, 7, in, b, y, ld); break;
+#endif
+#if TR >= 8
+    case 8: tile_rows(xr, 8, in, b, y, ld); break;
+#endif
+    default: break;
   }
 }
 
@@ -65,14 +113,14 @@ static void gemm_part(const float *restrict x, const float *restrict wp, float *
                       int64_t out, int64_t tid, int64_t n) {
   int64_t width = 16 * NB, num_tiles = (out + width - 1) / width, chunk = (num_tiles + n - 1) / n;
   int64_t lo = tid * chunk, hi = lo + chunk < num_tiles ? lo + chunk : num_tiles;
-  float tail[4 * 16 * NB];
+  float tail[TR * 16 * NB];
   for (int64_t p = lo; p < hi; p++) {
     const float *b = wp + p * NB * in * 16;
     int64_t o = width * p, cols = out - o < width ? out - o : width;
-    for (int64_t r = 0; r < rows; r += 4) {
-      int64_t nr = rows - r < 4 ? rows - r : 4;
-      const float *xr[4];
-      for (int64_t k = 0; k < 4; k++) xr[k] = x + (r + (k < nr ? k : 0)) * in;
+    for (int64_t r = 0; r < rows; r += TR) {
+      int64_t nr = rows - r < TR ? rows - r : TR;
+      const float *xr[TR];
+      for (int64_t k = 0; k < TR; k++) xr[k] = x + (r + (k < nr ? k : 0)) * in;
       if (cols == width) {
         tile_f32(xr, in, b, y + r * out + o, out, nr);
       } else { /* the last, partial tile: through a buffer */
