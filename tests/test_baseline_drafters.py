@@ -11,16 +11,17 @@ import torch
 from typer.testing import CliRunner
 
 from dspark.cli import app
-from dspark.models.ar_draft import ARDraftModel
-from dspark.models.ar_drafter import ARDrafter
-from dspark.models.drafter import DraftRequest, make_drafter
-from dspark.models.dspark import DSparkModel, DSparkTrainOutput
-from dspark.models.dspark_config import DSparkConfig
-from dspark.models.dspark_drafter import DSparkDrafter
-from dspark.models.eagle3 import Eagle3Model
-from dspark.models.eagle3_config import Eagle3Config
-from dspark.models.mtp import MTPModel
-from dspark.models.mtp_config import MTPConfig
+from dspark.models.drafters.ar.drafter import ARDrafter
+from dspark.models.drafters.ar.eagle3 import Eagle3Model
+from dspark.models.drafters.ar.eagle3_config import Eagle3Config
+from dspark.models.drafters.ar.model import ARDraftModel
+from dspark.models.drafters.ar.mtp import MTPModel
+from dspark.models.drafters.ar.mtp_config import MTPConfig
+from dspark.models.drafters.base import DraftRequest
+from dspark.models.drafters.dspark.config import DSparkConfig
+from dspark.models.drafters.dspark.drafter import DSparkDrafter
+from dspark.models.drafters.dspark.model import DSparkModel, DSparkTrainOutput
+from dspark.models.drafters.registry import make_drafter
 from dspark.spec.chi2 import ALPHA, chi_square_pvalue
 from dspark.training.losses import dspark_loss, loss_weights
 from tests.tiny_drafters import GAMMA, NUM_DRAFT_VOCAB, draft_vocab, make_ar, make_dflash, save_tiny_baseline

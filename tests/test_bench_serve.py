@@ -19,7 +19,8 @@ from dspark.bench.load import (
     stream_one,
     summarize_level,
 )
-from dspark.bench.serve_bench import ServeBenchConfig, pass_size, spearman, summarize, validate_arms
+from dspark.bench.serve_bench import ServeBenchConfig, pass_size, validate_arms
+from dspark.bench.serve_summary import spearman, summarize
 from dspark.cli import app
 
 MAX_TOKENS = 8

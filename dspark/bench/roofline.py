@@ -19,9 +19,11 @@ from collections import defaultdict
 
 import torch
 
-from dspark.models.gemm_plan import GemmPlan, PlannedLinear, available_kernels, cpu_signature, median_ms
-from dspark.models.runner import SeqChunk, TargetRunner
-from dspark.models.target import load_target
+from dspark.kernels.gemm_plan import GemmPlan, PlannedLinear, available_kernels, median_ms
+from dspark.kernels.machine import cpu_signature
+from dspark.models.target.layer import SeqChunk
+from dspark.models.target.loader import load_target
+from dspark.models.target.runner import TargetRunner
 
 GEMM_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 DECODE_BATCHES = (1, 8, 32, 128, 256)
