@@ -38,7 +38,7 @@ from dspark.config.serve import ServeAppConfig
 from dspark.draft_service.client import RemoteDrafter
 from dspark.draft_service.worker import DraftWorker
 from dspark.kernels.cache_once import PrepareError, explain
-from dspark.models.drafters.registry import make_drafter
+from dspark.models.drafters.registry import hidden_layers_of
 from dspark.verify_service.request import RequestOutput, SamplingParams
 from dspark.verify_service.worker import VerifyWorker
 
@@ -107,10 +107,9 @@ class VerifyReplica(VerifyWorker):
         self.draft_pool = draft_pool
         self._timings: deque[tuple[float, float]] = deque(maxlen=256)  # (ttft_s, tpot_s) of finished requests
         if config.mode == "decoupled":
-            # target-only until paired: the drafter's feature taps are known now, so features flow from the start
-            target = self.engine.target
-            taps = tuple(getattr(make_drafter(config.drafter, target, **dict(config.drafter_kwargs)),
-                                 "hidden_layers", ()))
+            # target-only until paired: the drafter's feature taps are known now (from its checkpoint's config,
+            # without loading it), so features flow from the start
+            taps = hidden_layers_of(config.drafter, self.engine.target, **dict(config.drafter_kwargs))
             self.engine.set_drafter(RemoteDrafter.unpaired(taps, name=config.drafter))
             self._taps = list(taps)
         # the first heartbeat comes after the unpaired drafter is in place: never "paired" before it is

@@ -59,3 +59,39 @@ def make_drafter(name: str, target: TargetModel, **kwargs: object) -> Drafter | 
 
     model_class = Eagle3Model if name == "eagle3" else MTPModel
     return ARDrafter.from_pretrained(model_class, path, target, **kwargs)  # type: ignore[arg-type]
+
+
+def hidden_layers_of(name: str, target: TargetModel, **kwargs: object) -> tuple[int, ...]:
+    """The target layers drafter `name` taps (its `hidden_layers`), read from its checkpoint's config.json
+    without loading its weights; a missing checkpoint or one trained for another target is refused as
+    `make_drafter` refuses it. For a verify replica, which needs the taps before its drafter is paired."""
+    if name in ("none", "ngram", "oracle", "suffix"):
+        return ()
+    if name == "hybrid":  # its DSpark part, when it has one (HybridDrafter.build drops it if it cannot load)
+        if not kwargs.get("use_model", True):
+            return ()
+        try:
+            return _checkpoint_taps("dspark", Path(str(kwargs.get("path") or DEFAULT_CHECKPOINTS["dspark"])), target)
+        except (OSError, ValueError):
+            return ()
+    if name not in DEFAULT_CHECKPOINTS:
+        raise ValueError(f"unknown drafter {name!r}; expected one of {', '.join(DRAFTER_NAMES)}")
+    path = Path(str(kwargs.get("path", DEFAULT_CHECKPOINTS[name])))
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"no {name} checkpoint at {path} (config.json missing)")
+    return _checkpoint_taps(name, path, target)
+
+
+def _checkpoint_taps(name: str, path: Path, target: TargetModel) -> tuple[int, ...]:
+    from dspark.models.drafters import target_signature
+    from dspark.models.drafters.ar.eagle3_config import Eagle3Config
+    from dspark.models.drafters.ar.mtp_config import MTPConfig
+    from dspark.models.drafters.dspark.config import DSparkConfig
+
+    config_class = {"dspark": DSparkConfig, "dflash": DSparkConfig, "eagle3": Eagle3Config}.get(name, MTPConfig)
+    config = config_class.load(path / "config.json")
+    if name == "dflash" and (config.head_type != "none" or config.use_confidence):
+        raise ValueError(f"{path} is not a DFlash checkpoint (head_type={config.head_type!r}, "
+                         f"use_confidence={config.use_confidence}); DFlash has neither head")
+    target_signature.check(config, target.model.config, path)
+    return tuple(config.target_layers)
