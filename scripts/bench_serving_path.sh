@@ -15,7 +15,7 @@ TARGET="${DSPARK_BENCH_TARGET:-smollm2-135m-instruct}"
 mkdir -p "$OUT"
 DSPARK="${DSPARK:-.venv/bin/dspark}"
 PY="${PY_BIN:-.venv/bin/python}"
-DTYPE="$($PY -c 'from dspark.verify_service.engine import EngineConfig, resolve_dtype
+DTYPE="$($PY -c 'from dspark.config.engine import EngineConfig, resolve_dtype
 print(resolve_dtype(EngineConfig(dtype="auto")))')"
 lscpu | grep -E 'Model name|Flags' >"$OUT/cpu.txt"
 

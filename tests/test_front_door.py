@@ -12,8 +12,8 @@ import httpx
 import psutil
 import pytest
 
-from dspark.cluster.cpu_priority import REQUEST_PATH_ENV
-from dspark.cluster.front_door import front_door_env, haproxy_binary
+from dspark.cluster.ingress.front_door import front_door_env, haproxy_binary
+from dspark.config.cpu_priority import REQUEST_PATH_ENV
 from tests.test_serve_http import MODEL, _sse_events, serving
 
 pytestmark = pytest.mark.skipif(haproxy_binary() is None and not os.environ.get("DSPARK_REQUIRE_HAPROXY"),

@@ -14,7 +14,7 @@ import pytest
 
 from dspark.bench.overload import _pct
 from dspark.bench.raw_http import post
-from dspark.cluster.front_door import haproxy_binary
+from dspark.cluster.ingress.front_door import haproxy_binary
 from tests.test_serve_http import MODEL, serving
 
 pytestmark = pytest.mark.skipif(haproxy_binary() is None and not os.environ.get("DSPARK_REQUIRE_HAPROXY"),

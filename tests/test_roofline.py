@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dspark.cli import app
-from dspark.models.dtype_choice import candidate_dtypes
+from dspark.models.target.dtype_choice import candidate_dtypes
 
 
 def test_roofline_measures_this_machines_dtypes_and_reports_its_wall_time(tiny_target_dir: Path) -> None:

@@ -22,17 +22,12 @@ from collections import defaultdict
 import torch
 from tqdm import tqdm
 
-from dspark.models.dtype_choice import candidate_dtypes
-from dspark.models.gemm_plan import (
-    GemmPlan,
-    PlannedLinear,
-    available_kernels,
-    cpu_signature,
-    has_bf16_units,
-    median_ms,
-)
-from dspark.models.runner import SeqChunk, TargetRunner
-from dspark.models.target import load_target
+from dspark.kernels.gemm_plan import GemmPlan, PlannedLinear, available_kernels, median_ms
+from dspark.kernels.machine import cpu_signature, has_bf16_units
+from dspark.models.target.dtype_choice import candidate_dtypes
+from dspark.models.target.layer import SeqChunk
+from dspark.models.target.loader import load_target
+from dspark.models.target.runner import TargetRunner
 
 log = logging.getLogger(__name__)
 

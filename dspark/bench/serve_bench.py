@@ -37,9 +37,9 @@ from dspark.bench.load import (
     summarize_level,
 )
 from dspark.bench.peer_process import paused
-from dspark.bench.prompts import DOMAINS, load_turns
 from dspark.bench.serve_fairness import fairness_summary
 from dspark.bench.serve_summary import summarize
+from dspark.prompts.eval_sets import DOMAINS, load_turns
 
 APP_NAME = "dspark-bench"
 PEER_ARM = "peer"

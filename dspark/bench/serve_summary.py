@@ -1,9 +1,13 @@
-"""The summary of `bench serve`: throughput ratios per level against `no-spec` and `fixed-k`, pass-to-pass
-ratios of interleaved runs, the verification-length trend over concurrency, and a few pass/fail flags."""
+"""`dspark bench serve`'s summary: per arm the throughput against the no-spec arm, the trend of the verification
+length with concurrency (Spearman), and the flags a reader should look at."""
 
 from __future__ import annotations
 
 from typing import Any
+
+APP_NAME = "dspark-bench"
+PEER_ARM = "peer"
+BUILTIN_ARM_NAMES = ("no-spec", "mtp1", "fixed-k", "scheduled", "colocated", "decoupled")
 
 
 def _by_concurrency(result: dict, arm: str, key: str) -> dict[int, float]:
