@@ -242,7 +242,9 @@ def _summary(records: list[dict], wall_s: float, sla: dict[str, float]) -> dict:
     ok = [r for r in records if r["status"] == 200]
     refused = [r for r in records if r["status"] in (429, 503)]
     other = [r for r in records if r["status"] not in (200, 429, 503)]
-    refused_s = [r["latency_s"] for r in refused]
+    # a refusal's latency: to the first byte of the 429/503 (the status line and Retry-After arrive together)
+    refused_s = [r.get("first_byte_s", r["latency_s"]) for r in refused]
+    refused_end_s = [r["latency_s"] for r in refused]
     ok_s = [r["latency_s"] for r in ok]
     ttft = [r["ttft_s"] for r in ok if "ttft_s" in r]
     tpot = [r["tpot_s"] for r in ok if "tpot_s" in r]
@@ -258,6 +260,7 @@ def _summary(records: list[dict], wall_s: float, sla: dict[str, float]) -> dict:
         "refusal_reasons": dict(Counter(str(r.get("reason"))[:60] for r in refused).most_common(4)),
         "refusal_latency_ms": {"p50": _ms(_pct(refused_s, 0.5)), "p99": _ms(_pct(refused_s, 0.99)),
                                "max": _ms(max(refused_s) if refused_s else None)},
+        "refusal_to_close_ms": {"p50": _ms(_pct(refused_end_s, 0.5)), "p99": _ms(_pct(refused_end_s, 0.99))},
         # when in the phase the slow refusals were sent (a warm-up, a stall, or spread evenly)
         "refusal_p99_ms_by_second": _by_second(refused),
         "admitted_latency_s": {"p50": _pct(ok_s, 0.5), "p99": _pct(ok_s, 0.99), "max": max(ok_s) if ok_s else None,
@@ -277,7 +280,7 @@ def _by_second(records: list[dict]) -> list[float | None]:
     start = min(r["sent_at"] for r in records)
     buckets: dict[int, list[float]] = {}
     for r in records:
-        buckets.setdefault(int(r["sent_at"] - start), []).append(r["latency_s"])
+        buckets.setdefault(int(r["sent_at"] - start), []).append(r.get("first_byte_s", r["latency_s"]))
     return [_ms(_pct(buckets.get(i, []), 0.99)) for i in range(max(buckets) + 1)]
 
 
