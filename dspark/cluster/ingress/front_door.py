@@ -66,17 +66,23 @@ def resolve(kind: FrontDoor) -> Literal["haproxy", "proxy"]:
     return kind
 
 
+# Serve's controller reconciles every 0.1 s by default: idle, it and the GCS it talks to took 4.8% of a core
+# of an idle one-app cluster's 9.9% (2-core Xeon); at 0.5 s 2.0% of 6.6%. Scaling and routing changes then
+# reach the replicas and HAProxy within half a second, against replica starts of seconds.
+IDLE_ENV = {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5"}
+
 # every variable front_door_env may set: what switching doors (and restoring) has to cover
 KEYS = ("RAY_SERVE_ENABLE_DIRECT_INGRESS", "RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_HAPROXY_BINARY_PATH",
         "RAY_SERVE_HAPROXY_NBTHREAD", "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S",
-        *REQUEST_PATH_ENV)
+        *REQUEST_PATH_ENV, *IDLE_ENV)
 
 
 def front_door_env(kind: FrontDoor = "auto") -> dict[str, str]:
-    """The environment that selects `kind` (for Serve's own proxy: only the request path's CPU priority)."""
+    """The environment that selects `kind` (for Serve's own proxy: only the request path's CPU priority and the
+    controller's idle interval)."""
     if resolve(kind) == "proxy":
-        return dict(REQUEST_PATH_ENV)
-    return {**REQUEST_PATH_ENV,
+        return {**REQUEST_PATH_ENV, **IDLE_ENV}
+    return {**REQUEST_PATH_ENV, **IDLE_ENV,
         "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
         # the real haproxy, behind a wrapper that adds the rules refusing bursts at the door (front_door_rules.py)
