@@ -22,8 +22,8 @@ serve: $(STAMP) haproxy
 	# machine, before the cluster: the replicas then start from a warm cache (dspark/cluster/prepare.py)
 	$(BIN)/dspark prepare --config configs/serve.yaml
 	# the front door: HAProxy in front of the ingress replicas' own HTTP servers when it is installed
-	# (dspark/cluster/front_door.py; DSPARK_FRONT_DOOR=proxy keeps Serve's proxy)
-	env $$($(BIN)/python -m dspark.cluster.front_door) $(BIN)/serve run configs/serve.yaml
+	# (dspark/cluster/ingress/front_door.py; DSPARK_FRONT_DOOR=proxy keeps Serve's proxy)
+	env $$($(BIN)/python -m dspark.cluster.ingress.front_door) $(BIN)/serve run configs/serve.yaml
 
 # Debian's haproxy, best effort: without it Serve's own proxy accepts the connections
 haproxy:
@@ -36,8 +36,11 @@ haproxy:
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+# ruff, then the import contracts of pyproject.toml ([tool.importlinter]): every import points down the layer
+# order that README's "Architecture" states, and no two modules import each other
 lint: $(STAMP)
-	$(BIN)/ruff check dspark tests
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 profile: $(STAMP)
 	$(BIN)/dspark profile --out-dir configs/profiles

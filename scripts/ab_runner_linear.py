@@ -1,7 +1,7 @@
 """A/B of the runner's matmul layout, interleaved in one process on the embedded default target.
 
 `old`: (W @ xᵀ)ᵀ on whatever layout x arrives in (the runner before commit a3f579b: column-major
-inputs after the first layer, any row count). `new`: `dspark.models.runner._linear` (row-major x,
+inputs after the first layer, any row count). `new`: `dspark.models.target.runner._linear` (row-major x,
 rows padded to a multiple of 8 past 8). Prints, as JSON on its last line, the median forward time of
 verify-shaped steps (requests × tokens over 256 cached tokens) and target-only decode tok/s at batch 8.
 
@@ -18,11 +18,13 @@ from pathlib import Path
 
 import torch
 
-import dspark.models.runner as runner_module
-from dspark.bench.prompts import chat_prompt_ids, load_turns
-from dspark.models.runner import SeqChunk, TargetRunner
-from dspark.models.target import load_target
-from dspark.verify_service.engine import Engine, EngineConfig
+import dspark.models.target.runner as runner_module
+from dspark.config.engine import EngineConfig
+from dspark.models.target.layer import SeqChunk
+from dspark.models.target.loader import load_target
+from dspark.models.target.runner import TargetRunner
+from dspark.prompts.eval_sets import chat_prompt_ids, load_turns
+from dspark.verify_service.engine import Engine
 from dspark.verify_service.request import SamplingParams
 
 SHAPES = {"1x1": [1], "1x2": [2], "1x4": [4], "1x8": [8], "8x1": [1] * 8, "7x1+1x8": [1] * 7 + [8],

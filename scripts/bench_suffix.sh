@@ -13,9 +13,9 @@ OUT=${1:-docs/results/suffix}
 WHAT=${2:-all}
 mkdir -p "$OUT"
 DTYPE=$(.venv/bin/python - <<'EOF'
-from dspark.models.dtype_choice import chosen_dtype
-from dspark.models.target import cache_dir
-from dspark.verify_service.profiles import recorded_dtype_choice
+from dspark.models.target.dtype_choice import chosen_dtype
+from dspark.kernels.cache_once import cache_dir
+from dspark.models.target.profiles import recorded_dtype_choice
 print(chosen_dtype("verify", "smollm2-135m-instruct", "cpu", cache_dir(),
                    recorded_dtype_choice("smollm2-135m-instruct", "cpu")) or "fp32")
 EOF

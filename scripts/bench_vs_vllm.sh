@@ -17,7 +17,7 @@ LEVELS="${DSPARK_BENCH_LEVELS:-1,2,4,8,16,32}"
 TOKENS="${DSPARK_BENCH_TOKENS:-64}"
 PORT=8011
 mkdir -p "$OUT"
-DTYPE="$(.venv/bin/python -c 'from dspark.verify_service.engine import EngineConfig, resolve_dtype; import torch
+DTYPE="$(.venv/bin/python -c 'from dspark.config.engine import EngineConfig, resolve_dtype; import torch
 print({"bf16": "bfloat16"}.get(resolve_dtype(EngineConfig(dtype="auto")), "float32"))')"
 
 wait_ready() {

@@ -9,9 +9,11 @@ timeout 480 "$PY" - <<'PY'
 import json, tempfile, time
 from pathlib import Path
 import torch
-from dspark.models.runner import SeqChunk, TargetRunner
-from dspark.models.target import load_target
-from dspark.verify_service.engine import Engine, EngineConfig
+from dspark.models.target.layer import SeqChunk
+from dspark.models.target.runner import TargetRunner
+from dspark.models.target.loader import load_target
+from dspark.config.engine import EngineConfig
+from dspark.verify_service.engine import Engine
 from dspark.verify_service.request import SamplingParams
 from tests.families import FAMILY_CONFIGS, make_family_dir
 from tests.tiny import make_tiny_target_dir, tiny_sps_path

@@ -88,7 +88,7 @@ cmd_serve() {
     esac
   done
   [[ -x "$PY" ]] || unavailable "vLLM venv missing at $VENV (run: $0 install)"
-  [[ -f "$MODEL_DIR/config.json" ]] || unavailable "converted model missing at $MODEL_DIR (create it with: python -c \"from dspark.models.target import resolve_target_path; print(resolve_target_path('smollm2-135m-instruct'))\")"
+  [[ -f "$MODEL_DIR/config.json" ]] || unavailable "converted model missing at $MODEL_DIR (create it with: python -c \"from dspark.models.target.loader import resolve_target_path; print(resolve_target_path('smollm2-135m-instruct'))\")"
   local args=(serve "$MODEL_DIR" --served-model-name "$SERVED_NAME"
               --dtype "${DSPARK_VLLM_DTYPE:-float32}" --max-model-len 2048
               --host 127.0.0.1 --port "$port")

@@ -26,7 +26,7 @@ import openai
 import yaml
 
 from dspark.actors.transport import free_port
-from dspark.cluster.front_door import front_door_env
+from dspark.cluster.ingress.front_door import front_door_env
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark.models.target import TargetModel, load_target
+from dspark.models.target.loader import TargetModel, load_target
 from tests.tiny import make_tiny_target_dir
 
 

@@ -10,11 +10,12 @@ import httpx
 import pytest
 
 from dspark.bench.ab_report import ab_report, load_log
-from dspark.cluster.ab import Arm, assign_arm, chosen_arm, validate_arms
-from dspark.cluster.access import KeyRing, key_digest
-from dspark.cluster.openai_api import build_fastapi
+from dspark.cluster.ingress.ab import Arm, assign_arm, chosen_arm, validate_arms
+from dspark.cluster.ingress.access import KeyRing, key_digest
+from dspark.cluster.ingress.routes import build_fastapi
+from dspark.config.engine import EngineConfig
 from dspark.verify_service.async_engine import AsyncEngine
-from dspark.verify_service.engine import Engine, EngineConfig
+from dspark.verify_service.engine import Engine
 from tests.test_http_guards import _uvicorn
 
 ARMS = [Arm("dspark", 0.7), Arm("mtp1", 0.3)]

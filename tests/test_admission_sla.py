@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from dspark.autoscale.serve_policy import PoolAutoscaler
-from dspark.cluster.admission import Admission, SLATarget
-from dspark.cluster.latency_model import LatencyModel, _Bins
+from dspark.cluster.ingress.admission import Admission, SLATarget
+from dspark.cluster.ingress.latency_model import LatencyModel, _Bins
 
 
 def _measured(adm: Admission, tpot_by_batch: dict[int, float], ttft_s: float = 0.1) -> Admission:

@@ -11,16 +11,17 @@ import torch
 from typer.testing import CliRunner
 
 from dspark.cli import app
-from dspark.models.ar_draft import ARDraftModel
-from dspark.models.ar_drafter import ARDrafter
-from dspark.models.drafter import DraftRequest, make_drafter
-from dspark.models.dspark import DSparkModel, DSparkTrainOutput
-from dspark.models.dspark_config import DSparkConfig
-from dspark.models.dspark_drafter import DSparkDrafter
-from dspark.models.eagle3 import Eagle3Model
-from dspark.models.eagle3_config import Eagle3Config
-from dspark.models.mtp import MTPModel
-from dspark.models.mtp_config import MTPConfig
+from dspark.models.drafters.ar.drafter import ARDrafter
+from dspark.models.drafters.ar.eagle3 import Eagle3Model
+from dspark.models.drafters.ar.eagle3_config import Eagle3Config
+from dspark.models.drafters.ar.model import ARDraftModel
+from dspark.models.drafters.ar.mtp import MTPModel
+from dspark.models.drafters.ar.mtp_config import MTPConfig
+from dspark.models.drafters.base import DraftRequest
+from dspark.models.drafters.dspark.config import DSparkConfig
+from dspark.models.drafters.dspark.drafter import DSparkDrafter
+from dspark.models.drafters.dspark.model import DSparkModel, DSparkTrainOutput
+from dspark.models.drafters.registry import hidden_layers_of, make_drafter
 from dspark.spec.chi2 import ALPHA, chi_square_pvalue
 from dspark.training.losses import dspark_loss, loss_weights
 from tests.tiny_drafters import GAMMA, NUM_DRAFT_VOCAB, draft_vocab, make_ar, make_dflash, save_tiny_baseline
@@ -257,6 +258,20 @@ def test_eagle3_sampled_tokens_follow_the_returned_distributions_step_after_step
 
 
 # ---- checkpoints, registry, initialisation ---------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["dflash", "eagle3", "mtp1"])
+def test_a_drafters_taps_are_read_from_its_config_as_loading_it_would_give_them(tiny_target, tmp_path, kind):
+    model = make_dflash(tiny_target) if kind == "dflash" else make_ar(tiny_target, kind)
+    model.save_pretrained(tmp_path / "ckpt")
+    path = str(tmp_path / "ckpt")
+    assert hidden_layers_of(kind, tiny_target, path=path) == make_drafter(kind, tiny_target, path=path).hidden_layers
+    assert hidden_layers_of("ngram", tiny_target) == ()
+    with pytest.raises(FileNotFoundError):
+        hidden_layers_of(kind, tiny_target, path=str(tmp_path / "missing"))
+    if kind != "dflash":  # the other AR kind's config is refused, as loading it is
+        with pytest.raises(ValueError, match="model_type"):
+            hidden_layers_of("mtp1" if kind == "eagle3" else "eagle3", tiny_target, path=path)
+
+
 @pytest.mark.parametrize("kind", ["eagle3", "mtp1"])
 def test_checkpoint_round_trip_through_the_registry(tiny_target, tmp_path, kind):
     model = make_ar(tiny_target, kind)

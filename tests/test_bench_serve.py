@@ -19,7 +19,8 @@ from dspark.bench.load import (
     stream_one,
     summarize_level,
 )
-from dspark.bench.serve_bench import ServeBenchConfig, pass_size, spearman, summarize, validate_arms
+from dspark.bench.serve_bench import ServeBenchConfig, pass_size, validate_arms
+from dspark.bench.serve_summary import spearman, summarize
 from dspark.cli import app
 
 MAX_TOKENS = 8
@@ -67,10 +68,27 @@ def test_interleaved_arms_run_side_by_side_in_two_passes(
         "bench", "serve", "--target", str(tiny_target_dir), "--drafter", "ngram", "--num-draft-tokens", "4",
         "--arms", "no-spec,scheduled", "--interleave", "--concurrency", "1,2", "--num-requests", "4",
         "--num-warmup", "1", "--max-tokens", str(MAX_TOKENS), "--set", "max_model_len=512",
-        "--set", "num_threads=1", "--set", "draft_gate=false", "--keep-requests"])
+        "--set", "num_threads=1", "--set", "draft_gate=false", "--keep-requests", "--alone"])
     assert res.exit_code == 0, res.output
     result = json.loads(res.stdout.strip().splitlines()[-1])
     assert result["interleave"] is True and result["num_requests"] == {"1": 4, "2": 4}
+    # who used the cores: the idle apps with no load, and per pass the arm under test (its replicas found by
+    # their process titles) beside the rest; each arm again alone, beside its interleaved figure
+    assert result["idle_cores"]["machine"] >= 0 and "peer" not in result["idle_cores"]
+    fair = result["summary"]["fairness"]
+    for name in ("no-spec", "scheduled"):
+        arm = result["arms"][name]
+        assert [lv["concurrency"] for lv in arm["alone_levels"]] == [1, 2] and arm["alone_error"] is None
+        assert all(lv["num_errors"] == 0 and lv["num_requests"] == 4 for lv in arm["alone_levels"])
+        for level in arm["levels"]:
+            passes = level["pass_cores_by_group"]
+            assert len(passes) == 2 and all(p.get(f"arm:{name}", 0) > 0 for p in passes), passes
+        for c in ("1", "2"):
+            row = fair["levels"][name][c]
+            assert row["alone_tok_s"] > 0 and row["interleaved_tok_s"] > 0 and row["noise"] >= 0.05
+            assert row["alone_over_interleaved"] == pytest.approx(row["alone_tok_s"] / row["interleaved_tok_s"],
+                                                                  rel=1e-2)
+            assert row["agree_within_noise"] == (abs(row["alone_over_interleaved"] - 1) <= row["noise"])
     for name in ("no-spec", "scheduled"):
         arm = result["arms"][name]
         assert "error" not in arm, arm

@@ -15,7 +15,7 @@ runner = CliRunner()
 
 
 def test_profile_writes_one_loadable_sps_table_per_dtype_named_after_this_machine(tiny_target_dir, tmp_path):
-    from dspark.verify_service.profiles import find_profile, machine_identity
+    from dspark.models.target.profiles import find_profile, machine_identity
 
     res = runner.invoke(app, ["profile", "--target", str(tiny_target_dir), "--out-dir", str(tmp_path),
                               "--dtypes", "fp32", "--max-tokens-per-step", "16", "--context-len", "32",
@@ -61,8 +61,8 @@ def test_bench_batching_prints_json_last(tiny_target_dir):
 
 def test_bench_decode_runs_a_dspark_checkpoint_with_and_without_its_sts_side_by_side(tiny_target_dir, tiny_target,
                                                                                    tmp_path):
-    from dspark.models.dspark import DSparkModel
-    from dspark.models.dspark_config import DSparkConfig
+    from dspark.models.drafters.dspark.config import DSparkConfig
+    from dspark.models.drafters.dspark.model import DSparkModel
     from tests.tiny_drafters import NUM_DRAFT_VOCAB, draft_vocab
 
     cfg = DSparkConfig.from_target(tiny_target.model.config, NUM_DRAFT_VOCAB, intermediate_size=96, block_size=4,

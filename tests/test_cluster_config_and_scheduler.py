@@ -10,9 +10,9 @@ from pydantic import ValidationError
 from ray.serve.schema import ServeDeploySchema
 
 from dspark.actors.cluster_scheduler import ClusterScheduler, WorkerLoad
-from dspark.cluster.config import ServeAppConfig
+from dspark.config.serve import ServeAppConfig
 from dspark.spec.sps import SPSTable
-from dspark.verify_service.capacity import CentralCapacity
+from dspark.verify_service.step.capacity import CentralCapacity
 
 ROOT = Path(__file__).resolve().parents[1]
 SPS = SPSTable([1, 8, 16, 32, 64, 128], [70.0, 115.0, 118.0, 195.0, 304.0, 571.0])  # this CPU's profile shape

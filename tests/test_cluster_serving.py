@@ -12,7 +12,8 @@ import httpx
 import pytest
 import ray
 
-from dspark.verify_service.engine import Engine, EngineConfig
+from dspark.config.engine import EngineConfig
+from dspark.verify_service.engine import Engine
 from dspark.verify_service.request import SamplingParams
 from tests.test_engine_lossless import tiny_prompts
 from tests.test_serve_http import serving

@@ -10,7 +10,7 @@ import sys
 
 CHILD = r"""
 import json, os, threading
-from dspark.cluster.cpu_priority import renice_process
+from dspark.config.cpu_priority import renice_process
 
 def nice_of(tid):
     return os.getpriority(os.PRIO_PROCESS, tid)

@@ -6,8 +6,8 @@ import json
 import re
 from pathlib import Path
 
-from dspark.cluster.dashboards import BOARDS, all_queries, dashboard_json
-from dspark.cluster.metrics import SPECS
+from dspark.metrics.dashboards import BOARDS, all_queries, dashboard_json
+from dspark.metrics.series import SPECS
 
 GRAFANA_DIR = Path(__file__).resolve().parents[1] / "configs" / "grafana"
 _NAME = re.compile(r"\b(vllm:[a-z0-9_]+|dspark_[a-z0-9_]+)")
@@ -34,4 +34,4 @@ def test_every_panel_query_names_only_exported_metrics() -> None:
         names = _NAME.findall(expr)
         assert names, f"{uid}/{title}: no metric in {expr}"
         unknown = [n for n in names if _spec_of(n) is None]
-        assert not unknown, f"{uid}/{title}: {unknown} are not in cluster/metrics.py"
+        assert not unknown, f"{uid}/{title}: {unknown} are not in metrics/series.py"

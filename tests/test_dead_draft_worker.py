@@ -18,7 +18,7 @@ from tests.test_pipelined_engine import NUM_NEW, config, prompts, target_only  #
 
 def _serve_ngram(port: int) -> None:  # the draft worker: its own process, as in the cluster
     from dspark.draft_service.service import DraftService, serve_channel
-    from dspark.models.ngram import NgramDrafter
+    from dspark.models.drafters.ngram import NgramDrafter
 
     torch.set_num_threads(1)
     serve_channel(GlooChannel("127.0.0.1", port, 1, timeout_s=30), DraftService(NgramDrafter()))

@@ -12,7 +12,7 @@ import torch
 
 from dspark.draft_service.client import RemoteDrafter
 from dspark.draft_service.service import DraftService, serve_channel
-from dspark.models.dspark_drafter import DSparkDrafter
+from dspark.models.drafters.dspark.drafter import DSparkDrafter
 from dspark.verify_service.engine import Engine
 from dspark.verify_service.pipelined_engine import PipelinedEngine
 from dspark.verify_service.request import SamplingParams

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dspark.models.draft_gemm import DraftGemm
-from dspark.models.dspark import DSparkModel
-from dspark.models.gemm_plan import GemmPlan, available_kernels
+from dspark.kernels.gemm_plan import GemmPlan, available_kernels
+from dspark.models.drafters.draft_gemm import DraftGemm
+from dspark.models.drafters.dspark.model import DSparkModel
 from tests.test_dspark_model import make_model, one_thread, random_batch  # noqa: F401 - one_thread: autouse
 from tests.tiny_drafters import make_ar
 

@@ -5,15 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dspark.models.drafter import DraftRequest
-from dspark.models.dspark import DSparkModel
-from dspark.models.dspark_config import DSparkConfig, default_target_layers
-from dspark.models.dspark_drafter import DSparkDrafter
-from dspark.models.target import TargetModel
+from dspark.config.engine import EngineConfig
+from dspark.models.drafters.base import DraftRequest
+from dspark.models.drafters.dspark.config import DSparkConfig, default_target_layers
+from dspark.models.drafters.dspark.drafter import DSparkDrafter
+from dspark.models.drafters.dspark.model import DSparkModel
+from dspark.models.target.loader import TargetModel
 from dspark.spec.chi2 import ALPHA, chi_square_pvalue
 from dspark.spec.sps import SPSTable
 from dspark.training.losses import dspark_loss, position_weights
-from dspark.verify_service.engine import Engine, EngineConfig
+from dspark.verify_service.engine import Engine
 from dspark.verify_service.request import SamplingParams
 
 NUM_DRAFT_VOCAB = 40

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from dspark.models.target import TargetModel
-from dspark.verify_service.engine import Engine, EngineConfig
+from dspark.config.engine import EngineConfig
+from dspark.models.target.loader import TargetModel
+from dspark.verify_service.engine import Engine
 from dspark.verify_service.request import SamplingParams
 from tests.test_engine_lossless import tiny_prompts
 from tests.tiny import tiny_sps_path

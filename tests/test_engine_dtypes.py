@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dspark.models.gemm_plan import ROW_BUCKETS, PlannedLinear, measure_plan
-from dspark.models.target import load_target
-from dspark.verify_service.engine import MAX_PREFILL_REQUESTS, Engine, EngineConfig, _prefill_groups
+from dspark.config.engine import EngineConfig
+from dspark.kernels.gemm_plan import ROW_BUCKETS, PlannedLinear, measure_plan
+from dspark.models.target.loader import load_target
+from dspark.verify_service.engine import Engine
 from dspark.verify_service.request import Request, SamplingParams
+from dspark.verify_service.step.prefill import MAX_PREFILL_REQUESTS, prefill_groups
 from tests.test_engine_lossless import tiny_prompts
 from tests.tiny import tiny_sps_path
 
@@ -54,7 +56,7 @@ def test_a_row_invariant_bf16_plan_gives_every_row_what_it_gets_alone():
 
 def test_prefill_is_split_into_bounded_groups_of_consecutive_requests():
     reqs = [Request(f"r{i}", [1] * n, SamplingParams(), None) for i, n in enumerate([10] * 70 + [4000, 200, 300])]
-    groups = _prefill_groups(reqs)
+    groups = prefill_groups(reqs)
     assert [r for g in groups for r in g] == reqs  # order kept: slots stay contiguous per group
     assert all(len(g) <= MAX_PREFILL_REQUESTS for g in groups)
     assert all(sum(len(r.prompt_ids) for r in g) <= 4096 or len(g) == 1 for g in groups)

@@ -6,11 +6,12 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from dspark.models.oracle import OracleDrafter
-from dspark.models.row_invariance import is_row_invariant
-from dspark.models.target import TargetModel
+from dspark.config.engine import EngineConfig
+from dspark.models.drafters.oracle import OracleDrafter
+from dspark.models.target.loader import TargetModel
+from dspark.models.target.row_invariance import is_row_invariant
 from dspark.spec.schedulers import SCHEDULER_NAMES
-from dspark.verify_service.engine import Engine, EngineConfig
+from dspark.verify_service.engine import Engine
 from dspark.verify_service.request import SamplingParams
 from tests.tiny import tiny_sps_path
 from tests.tiny_drafters import BASELINE_NAMES, save_tiny_baseline
@@ -126,14 +127,14 @@ def test_target_only_engine_equals_hf_generate(tiny_target, tiny_reference):
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from dspark.models.target import load_target
+    from dspark.models.target.loader import load_target
 
     return load_target()  # converts the embedded GGUF once (~40 s), then loads in < 1 s
 
 
 @pytest.fixture(scope="module")
 def smollm2_reference(smollm2):
-    from dspark.bench.prompts import mixed_prompts
+    from dspark.prompts.eval_sets import mixed_prompts
 
     prompts = [p for _, p in mixed_prompts(smollm2.tokenizer, 6, max_prompt_tokens=300)]
     return prompts, [hf_greedy(smollm2, p, 64) for p in prompts]
@@ -166,7 +167,7 @@ def test_requests_leaving_early_do_not_disturb_the_others(tiny_target, tiny_refe
 
 @pytest.fixture(scope="module")
 def smollm2_bf16():
-    from dspark.models.target import load_target
+    from dspark.models.target.loader import load_target
 
     return load_target(dtype="bf16")
 

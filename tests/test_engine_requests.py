@@ -8,10 +8,11 @@ import time
 
 import pytest
 
-from dspark.models.drafter import DraftRequest
-from dspark.models.ngram import NgramDrafter
+from dspark.config.engine import EngineConfig
+from dspark.models.drafters.base import DraftRequest
+from dspark.models.drafters.ngram import NgramDrafter
 from dspark.verify_service.async_engine import AsyncEngine
-from dspark.verify_service.engine import Engine, EngineConfig
+from dspark.verify_service.engine import Engine
 from dspark.verify_service.request import FinishReason, SamplingParams
 from tests.test_engine_lossless import tiny_prompts
 
@@ -179,7 +180,7 @@ def test_a_serving_engine_keeps_a_bounded_window_of_step_records(tiny_target):
 
 
 def test_serve_configs_bound_the_step_records():
-    from dspark.cluster.config import SERVER_STEP_STATS, ServeAppConfig
+    from dspark.config.serve import SERVER_STEP_STATS, ServeAppConfig
 
     assert ServeAppConfig().engine_config().max_step_stats == SERVER_STEP_STATS
     assert EngineConfig().max_step_stats is None  # benchmarks read every step

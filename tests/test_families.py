@@ -12,13 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from dspark.models.dspark_drafter import DSparkDrafter
-from dspark.models.gemm_plan import GemmPlan
-from dspark.models.generic_runner import GenericRunner
-from dspark.models.runner import SeqChunk, TargetRunner
-from dspark.models.target import TargetModel, load_target
+from dspark.config.engine import EngineConfig
+from dspark.kernels.gemm_plan import GemmPlan
+from dspark.models.drafters.dspark.drafter import DSparkDrafter
+from dspark.models.target.generic_runner import GenericRunner
+from dspark.models.target.layer import SeqChunk
+from dspark.models.target.loader import TargetModel, load_target
+from dspark.models.target.runner import TargetRunner
 from dspark.spec.chi2 import ALPHA, chi_square_pvalue
-from dspark.verify_service.engine import Engine, EngineConfig
+from dspark.verify_service.engine import Engine
 from dspark.verify_service.request import SamplingParams
 from tests.families import FAMILY_CONFIGS, GENERIC, NATIVE, WINDOW, make_family_dir
 from tests.test_engine_lossless import hf_greedy
@@ -155,11 +157,11 @@ def test_generic_path_speed_beside_the_native_path_on_llama(tiny_target: TargetM
 def test_drafters_built_from_each_family_load_only_against_their_target(family_targets, kind, tmp_path):
     """DSpark / DFlash / EAGLE-3 / MTP-1 built from the target's config (sizes, tapped layers, vocab, signature),
     started from its layers, saved and loaded by name; against another target the load is refused with why."""
-    from dspark.models.drafter import make_drafter
-    from dspark.models.dspark import DSparkModel
-    from dspark.models.dspark_config import DSparkConfig, default_target_layers
-    from dspark.models.eagle3 import Eagle3Model
-    from dspark.models.eagle3_config import Eagle3Config
+    from dspark.models.drafters.ar.eagle3 import Eagle3Model
+    from dspark.models.drafters.ar.eagle3_config import Eagle3Config
+    from dspark.models.drafters.dspark.config import DSparkConfig, default_target_layers
+    from dspark.models.drafters.dspark.model import DSparkModel
+    from dspark.models.drafters.registry import make_drafter
     from tests.tiny_drafters import NUM_DRAFT_VOCAB, draft_vocab, save_tiny_baseline
 
     target, other = family_targets[kind], family_targets["qwen3" if kind != "qwen3" else "phi3"]

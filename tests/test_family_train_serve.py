@@ -15,8 +15,9 @@ import yaml
 from typer.testing import CliRunner
 
 from dspark.cli import app
-from dspark.models.target import load_target
-from dspark.verify_service.engine import Engine, EngineConfig
+from dspark.config.engine import EngineConfig
+from dspark.models.target.loader import load_target
+from dspark.verify_service.engine import Engine
 from dspark.verify_service.request import SamplingParams
 from tests.families import make_family_dir
 from tests.test_serve_autoscaling import SLA_OUT_OF_REACH, deployed

@@ -12,8 +12,8 @@ import httpx
 import psutil
 import pytest
 
-from dspark.cluster.cpu_priority import REQUEST_PATH_ENV
-from dspark.cluster.front_door import front_door_env, haproxy_binary
+from dspark.cluster.ingress.front_door import IDLE_ENV, front_door_env, haproxy_binary
+from dspark.config.cpu_priority import REQUEST_PATH_ENV
 from tests.test_serve_http import MODEL, _sse_events, serving
 
 pytestmark = pytest.mark.skipif(haproxy_binary() is None and not os.environ.get("DSPARK_REQUIRE_HAPROXY"),
@@ -30,7 +30,7 @@ def _listener(port: int) -> str:
 
 
 def test_haproxy_front_door_serves_streams_and_refuses_cleanly(tiny_target_dir: Path) -> None:
-    assert front_door_env("proxy") == REQUEST_PATH_ENV
+    assert front_door_env("proxy") == {**REQUEST_PATH_ENV, **IDLE_ENV}  # either door: the idle controller loop
     assert front_door_env("haproxy")["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
     assert front_door_env("haproxy")["RAY_worker_niceness"] == "0"
     args = {"target": str(tiny_target_dir), "model_name": MODEL, "drafter": "ngram", "scheduler": "fixed",
@@ -38,6 +38,7 @@ def test_haproxy_front_door_serves_streams_and_refuses_cleanly(tiny_target_dir: 
             "num_threads": 1, "admission": "static"}  # the fixed limit of 2 (SLA: test_front_door_burst.py)
     with serving(args, front_door="haproxy") as client:
         assert os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1"
+        assert os.environ["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"] == IDLE_ENV["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"]
         assert _listener(client.base_url.port) == "haproxy"
         resp = client.post("/v1/completions", json={"model": MODEL, "prompt": "the cat", "max_tokens": 8,
                                                      "temperature": 0, "ignore_eos": True})

@@ -14,7 +14,7 @@ import pytest
 
 from dspark.bench.overload import _pct
 from dspark.bench.raw_http import post
-from dspark.cluster.front_door import haproxy_binary
+from dspark.cluster.ingress.front_door import haproxy_binary
 from tests.test_serve_http import MODEL, serving
 
 pytestmark = pytest.mark.skipif(haproxy_binary() is None and not os.environ.get("DSPARK_REQUIRE_HAPROXY"),
@@ -64,8 +64,8 @@ def test_a_burst_of_2000_connections_is_refused_by_the_front_door_while_admitted
         assert all(r.json()["usage"]["completion_tokens"] == 600 for r in long_running)
         by_door = sum(r["refused_by"] == "front-door" for r in refused)  # the ingress saw only the rest
         assert by_door >= 0.9 * len(refused), (by_door, len(refused))
-        p99 = _pct([r["latency_s"] for r in refused], 0.99)
+        p99 = _pct([r["first_byte_s"] for r in refused], 0.99)
         print(f"burst {NUM_BURST}: {len(admitted)} admitted, {len(refused)} refused ({by_door} by the front door), "
-              f"refusal p50 {_pct([r['latency_s'] for r in refused], 0.5) * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms")
+              f"refusal p50 {_pct([r['first_byte_s'] for r in refused], 0.5) * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms")
         assert p99 is not None and p99 < 1.0, p99  # loose here (a shared 2-core test host); the bench measures it
 

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from dspark.actors.transport import free_port
-from dspark.cluster.front_door import haproxy_binary
-from dspark.cluster.front_door_rules import MARKER, add_rules
+from dspark.cluster.ingress.front_door import haproxy_binary
+from dspark.cluster.ingress.front_door_rules import MARKER, add_rules
 
 pytestmark = pytest.mark.skipif(haproxy_binary() is None and not os.environ.get("DSPARK_REQUIRE_HAPROXY"),
                                 reason="Debian package `haproxy` is not installed (apt-get install haproxy)")

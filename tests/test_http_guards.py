@@ -18,11 +18,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dspark.actors.transport import free_port
-from dspark.cluster.access import KeyRing, key_digest
-from dspark.cluster.admission import Admission
-from dspark.cluster.openai_api import build_fastapi
+from dspark.cluster.ingress.access import KeyRing, key_digest
+from dspark.cluster.ingress.admission import Admission
+from dspark.cluster.ingress.routes import build_fastapi
+from dspark.config.engine import EngineConfig
 from dspark.verify_service.async_engine import AsyncEngine
-from dspark.verify_service.engine import Engine, EngineConfig
+from dspark.verify_service.engine import Engine
 
 MODEL = "tiny"
 USER_KEY, ADMIN_KEY = "user-key-0123", "admin-key-4567"

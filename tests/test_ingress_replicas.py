@@ -17,7 +17,7 @@ import httpx
 import psutil
 import pytest
 
-from dspark.cluster.front_door import haproxy_binary
+from dspark.cluster.ingress.front_door import haproxy_binary
 from tests.test_cluster_serving import app_args
 from tests.test_engine_lossless import tiny_prompts
 from tests.test_serve_http import serving

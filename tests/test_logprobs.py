@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dspark.verify_service.engine import Engine, EngineConfig
+from dspark.config.engine import EngineConfig
+from dspark.verify_service.engine import Engine
 from dspark.verify_service.request import SamplingParams
 from tests.test_engine_lossless import tiny_prompts
 from tests.tiny import tiny_sps_path

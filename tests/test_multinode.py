@@ -11,10 +11,10 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from dspark.actors.pools import check_resources, start_pools
 from dspark.actors.transport_probe import measure_transports
-from dspark.cluster.cluster_engine import ClusterEngine
-from dspark.cluster.config import ServeAppConfig
+from dspark.cluster.pools.actor_engine import ClusterEngine
+from dspark.cluster.pools.actor_pools import check_resources, start_pools
+from dspark.config.serve import ServeAppConfig
 from dspark.verify_service.request import SamplingParams
 
 

@@ -7,10 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dspark.models import native
-from dspark.models.gemm_plan import GemmPlan
-from dspark.models.runner import SeqChunk, TargetRunner
-from dspark.models.target import TargetModel, load_target
+from dspark.kernels import native
+from dspark.kernels.gemm_plan import GemmPlan
+from dspark.models.target.layer import SeqChunk
+from dspark.models.target.loader import TargetModel, load_target
+from dspark.models.target.runner import TargetRunner
 
 pytestmark = pytest.mark.skipif(not native.is_available(), reason="no C compiler on this machine")
 

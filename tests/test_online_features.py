@@ -7,7 +7,7 @@ import random
 
 import torch
 
-from dspark.models.dspark_config import default_target_layers
+from dspark.models.drafters.dspark.config import default_target_layers
 from dspark.training.batches import SequencePool, make_batch
 from dspark.training.online_pool import OnlinePool
 from dspark.training.target_cache import CachedShard, build_cache

@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from dspark.actors.transport import GlooChannel, free_port, pack, unpack
+from dspark.config.engine import EngineConfig
 from dspark.draft_service.client import RemoteDrafter
 from dspark.draft_service.service import DraftService, serve_channel
-from dspark.models.drafter import DraftOutput, DraftRequest
-from dspark.models.ngram import NgramDrafter
-from dspark.models.target import TargetModel
+from dspark.models.drafters.base import DraftOutput, DraftRequest
+from dspark.models.drafters.ngram import NgramDrafter
+from dspark.models.target.loader import TargetModel
 from dspark.spec.sps import SPSTable
-from dspark.verify_service.engine import Engine, EngineConfig
+from dspark.verify_service.engine import Engine
 from dspark.verify_service.pipelined_engine import PUSH_MIN_ROWS, PipelinedEngine
 from dspark.verify_service.request import SamplingParams
 from tests.test_engine_lossless import tiny_prompts

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from dspark.models.dspark_drafter import DSparkDrafter
+from dspark.config.engine import EngineConfig
+from dspark.models.drafters.dspark.drafter import DSparkDrafter
 from dspark.spec.sps import SPSTable
-from dspark.verify_service.engine import Engine, EngineConfig
+from dspark.verify_service.engine import Engine
 from dspark.verify_service.prefix_cache import BLOCK, PrefixCache
 from dspark.verify_service.request import SamplingParams
 from tests.test_dspark_model import GAMMA, make_model

@@ -1,5 +1,5 @@
 """First start on a fresh machine: what replicas prepare is done once per machine, under a lock, and an
-interrupted preparation leaves nothing that breaks the next start (models/cache_once.py)."""
+interrupted preparation leaves nothing that breaks the next start (kernels/cache_once.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from dspark.models import cache_once
-from dspark.models.target import DEFAULT_TARGET, is_complete_checkpoint
+from dspark.kernels import cache_once
+from dspark.models.target.loader import DEFAULT_TARGET, is_complete_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,7 +90,7 @@ def test_concurrent_first_starts_convert_once_and_repair_an_interrupted_one(tmp_
         leftover.mkdir()
         (leftover / "config.json").write_text("{")
     code = ("import logging\nlogging.basicConfig(level=logging.INFO)\n"
-            "from dspark.models.target import resolve_target_path, DEFAULT_TARGET\n"
+            "from dspark.models.target.loader import resolve_target_path, DEFAULT_TARGET\n"
             "print(resolve_target_path(DEFAULT_TARGET))\n")
     t0 = time.perf_counter()
     results = _finish([_spawn(code, {"DSPARK_CACHE": str(tmp_path)}) for _ in range(3)], 600)

@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from dspark.actors.transport import free_port
-from dspark.cluster.access import key_digest
-from dspark.cluster.dashboards import all_queries
+from dspark.cluster.ingress.access import key_digest
+from dspark.metrics.dashboards import all_queries
 from tests.test_cluster_serving import app_args
 from tests.test_serve_autoscaling import AUTOSCALING_POLICY, deployed
 from tests.tiny_drafters import save_tiny_baseline

@@ -11,13 +11,14 @@ import httpx
 import pytest
 import ray
 
-from dspark.cluster.access import KeyRing, key_digest
-from dspark.cluster.admission import Admission
-from dspark.cluster.openai_api import build_fastapi
-from dspark.cluster.quota_board import board_handle
-from dspark.cluster.quotas import QuotaBook, duration_text
+from dspark.cluster.ingress.access import KeyRing, key_digest
+from dspark.cluster.ingress.admission import Admission
+from dspark.cluster.ingress.quota_board import board_handle
+from dspark.cluster.ingress.quotas import QuotaBook, duration_text
+from dspark.cluster.ingress.routes import build_fastapi
+from dspark.config.engine import EngineConfig
 from dspark.verify_service.async_engine import AsyncEngine
-from dspark.verify_service.engine import Engine, EngineConfig
+from dspark.verify_service.engine import Engine
 from tests.test_http_guards import _uvicorn
 
 LIMITED, OTHER, FREE = "key-with-quota-1", "key-with-quota-2", "key-without-quota"

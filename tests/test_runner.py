@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from dspark.models.runner import SeqChunk, TargetRunner
-from dspark.models.target import TargetModel
+from dspark.models.target.layer import SeqChunk
+from dspark.models.target.loader import TargetModel
+from dspark.models.target.runner import TargetRunner
 
 
 def test_mixed_chunks_match_hf_forward_logits(tiny_target: TargetModel) -> None:
@@ -69,7 +70,7 @@ def test_hidden_states_of_chosen_layers_match_hf(tiny_target: TargetModel) -> No
 
 
 def test_every_gemm_kernel_computes_the_same_linear_at_every_row_count() -> None:
-    from dspark.models.gemm_plan import KERNELS, PlannedLinear
+    from dspark.kernels.gemm_plan import KERNELS, PlannedLinear
 
     gen = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(40, 24, generator=gen), torch.randn(40, generator=gen)
@@ -84,7 +85,7 @@ def test_every_gemm_kernel_computes_the_same_linear_at_every_row_count() -> None
 
 
 def test_runner_matches_hf_under_every_fixed_kernel(tiny_target: TargetModel) -> None:
-    from dspark.models.gemm_plan import KERNELS, GemmPlan
+    from dspark.kernels.gemm_plan import KERNELS, GemmPlan
 
     seq = list(range(5, 30))
     with torch.no_grad():
@@ -98,8 +99,8 @@ def test_runner_matches_hf_under_every_fixed_kernel(tiny_target: TargetModel) ->
 
 
 def test_a_measured_gemm_plan_is_cached_per_machine_and_reused(tiny_target: TargetModel, tmp_path) -> None:
-    from dspark.models import gemm_plan
-    from dspark.models.gemm_plan import ROW_BUCKETS, PlannedLinear, plan_for
+    from dspark.kernels import gemm_plan
+    from dspark.kernels.gemm_plan import ROW_BUCKETS, PlannedLinear, plan_for
 
     runner = TargetRunner(tiny_target.model, max_num_seqs=1, max_model_len=16)
     gemm_plan._MEMO.clear()  # measure now, as on a new machine
@@ -114,7 +115,7 @@ def test_a_measured_gemm_plan_is_cached_per_machine_and_reused(tiny_target: Targ
 
 
 def test_attention_split_into_runs_of_rows_by_length_matches_hf(tiny_target: TargetModel) -> None:
-    from dspark.models.runner import ATTENTION_GROUP_ROWS
+    from dspark.models.target.runner import ATTENTION_GROUP_ROWS
 
     num = ATTENTION_GROUP_ROWS + 9  # more rows than one run: the short run reads fewer keys
     runner = TargetRunner(tiny_target.model, max_num_seqs=num, max_model_len=160)

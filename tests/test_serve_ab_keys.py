@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dspark.bench.ab_report import ab_report, load_log
-from dspark.cluster.access import key_digest
+from dspark.cluster.ingress.access import key_digest
 from tests.test_serve_http import MAX_MODEL_LEN, MODEL, serving
 
 USER, ADMIN = "sk-user-1", "sk-admin-1"

@@ -17,7 +17,7 @@ from transformers import AutoTokenizer
 
 from dspark.actors.transport import free_port
 from dspark.cluster.app import ServeAppConfig, build_app
-from dspark.cluster.front_door import front_door_environment
+from dspark.cluster.ingress.front_door import front_door_environment
 
 MODEL = "tiny"
 PROMPT = "the cat and the dog"

@@ -17,7 +17,7 @@ from ray import serve
 
 from dspark.actors.transport import free_port
 from dspark.cluster.app import build_app
-from dspark.cluster.front_door import front_door_environment
+from dspark.cluster.ingress.front_door import front_door_environment
 from tests.test_cluster_serving import app_args
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0}

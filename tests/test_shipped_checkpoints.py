@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from dspark.bench.prompts import chat_prompt_ids
-from dspark.models.drafter import DEFAULT_CHECKPOINTS, make_drafter
-from dspark.models.target import DEFAULT_TARGET, TargetModel, load_target
-from dspark.verify_service.engine import Engine, EngineConfig
+from dspark.config.engine import EngineConfig
+from dspark.models.drafters.base import DEFAULT_CHECKPOINTS
+from dspark.models.drafters.registry import make_drafter
+from dspark.models.target.loader import DEFAULT_TARGET, TargetModel, load_target
+from dspark.prompts.eval_sets import chat_prompt_ids
+from dspark.verify_service.engine import Engine
 from dspark.verify_service.request import SamplingParams
 
 PROMPTS = ["What is 17 times 23? Show the steps.", "Write a Python function that returns the n-th Fibonacci number.",

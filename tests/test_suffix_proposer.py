@@ -13,16 +13,23 @@ import numpy as np
 import pytest
 import torch
 
+from dspark.config.engine import EngineConfig
 from dspark.draft_service.client import RemoteDrafter
 from dspark.draft_service.service import DraftService, serve_channel
-from dspark.models.drafter import DraftRequest
-from dspark.models.dspark_drafter import DSparkDrafter
-from dspark.models.hybrid_drafter import HybridDrafter
-from dspark.models.suffix_drafter import SuffixConfig, SuffixDrafter
-from dspark.models.suffix_index import RequestText, SuffixIndex, WalkParams, build_suffix_array, concat_documents
+from dspark.models.drafters.base import DraftRequest
+from dspark.models.drafters.dspark.drafter import DSparkDrafter
+from dspark.models.drafters.hybrid import HybridDrafter
+from dspark.models.drafters.suffix.drafter import SuffixConfig, SuffixDrafter
+from dspark.models.drafters.suffix.index import (
+    RequestText,
+    SuffixIndex,
+    WalkParams,
+    build_suffix_array,
+    concat_documents,
+)
 from dspark.spec.chi2 import ALPHA, chi_square_pvalue
 from dspark.spec.source_calibration import SourceCalibration, feature_bins
-from dspark.verify_service.engine import Engine, EngineConfig
+from dspark.verify_service.engine import Engine
 from dspark.verify_service.pipelined_engine import PipelinedEngine
 from dspark.verify_service.request import SamplingParams
 from tests.test_engine_lossless import hf_greedy, tiny_prompts
@@ -281,7 +288,7 @@ def test_live_calibration_follows_the_outcomes_of_verified_proposals():
 
 
 def test_served_text_joins_its_tenants_index_only_and_old_text_is_evicted():
-    from dspark.models.suffix_served import ServedConfig, ServedText
+    from dspark.models.drafters.suffix.served import ServedConfig, ServedText
 
     served = ServedText(ServedConfig(max_tokens_per_tenant=400, min_rebuild_tokens=8), background=False)
     secret = np.array([7, 8, 9, 10, 11, 12, 13, 14], dtype=np.int32)

@@ -6,9 +6,10 @@ import json
 
 import numpy as np
 
-from dspark.training.prompts import man_page_prompts, pydoc_topic_prompts
+from dspark.config.engine import EngineConfig
+from dspark.prompts.seeds import man_page_prompts, pydoc_topic_prompts
 from dspark.training.synth import SynthConfig, load_records, read_shard, run_synthesis, write_shard
-from dspark.verify_service.engine import Engine, EngineConfig
+from dspark.verify_service.engine import Engine
 
 
 def _records() -> list[dict]:

@@ -11,12 +11,13 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from dspark.cli import app
-from dspark.models.ar_drafter import ARDrafter
-from dspark.models.drafter import make_drafter
-from dspark.models.dspark_drafter import DSparkDrafter
+from dspark.config.engine import EngineConfig
+from dspark.models.drafters.ar.drafter import ARDrafter
+from dspark.models.drafters.dspark.drafter import DSparkDrafter
+from dspark.models.drafters.registry import make_drafter
 from dspark.training.pipeline import build_model
 from dspark.training.pipeline_config import PipelineConfig
-from dspark.verify_service.engine import Engine, EngineConfig
+from dspark.verify_service.engine import Engine
 from dspark.verify_service.request import SamplingParams
 
 

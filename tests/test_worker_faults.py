@@ -17,7 +17,7 @@ import httpx
 import pytest
 import ray
 
-from dspark.actors.pools import ACTOR_NAMESPACE
+from dspark.cluster.pools.actor_pools import ACTOR_NAMESPACE
 from tests.test_cluster_serving import app_args
 from tests.test_engine_lossless import tiny_prompts
 from tests.test_serve_http import serving

@@ -59,7 +59,8 @@ def tiny_sps_path(target_dir: Path | str) -> str | None:
 
 def greedy_texts(target, prompts: list[list[int]], max_tokens: int) -> list[str]:  # noqa: ANN001
     """What a fault-free single-process target-only engine answers at T=0 (EOS ignored), as text."""
-    from dspark.verify_service.engine import Engine, EngineConfig
+    from dspark.config.engine import EngineConfig
+    from dspark.verify_service.engine import Engine
     from dspark.verify_service.request import SamplingParams
 
     cfg = EngineConfig(target=str(target.path), drafter="none", scheduler="fixed", max_num_seqs=len(prompts),

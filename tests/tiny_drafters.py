@@ -6,14 +6,14 @@ from pathlib import Path
 
 import torch
 
-from dspark.models.ar_draft import ARDraftModel
-from dspark.models.dspark import DSparkModel
-from dspark.models.dspark_config import DSparkConfig
-from dspark.models.eagle3 import Eagle3Model
-from dspark.models.eagle3_config import Eagle3Config
-from dspark.models.mtp import MTPModel
-from dspark.models.mtp_config import MTPConfig
-from dspark.models.target import TargetModel
+from dspark.models.drafters.ar.eagle3 import Eagle3Model
+from dspark.models.drafters.ar.eagle3_config import Eagle3Config
+from dspark.models.drafters.ar.model import ARDraftModel
+from dspark.models.drafters.ar.mtp import MTPModel
+from dspark.models.drafters.ar.mtp_config import MTPConfig
+from dspark.models.drafters.dspark.config import DSparkConfig
+from dspark.models.drafters.dspark.model import DSparkModel
+from dspark.models.target.loader import TargetModel
 
 NUM_DRAFT_VOCAB = 40
 GAMMA = 5

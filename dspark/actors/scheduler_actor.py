@@ -17,7 +17,7 @@ import ray
 
 from dspark.actors.cluster_scheduler import CapacityDecision, ClusterScheduler, WorkerLoad
 from dspark.actors.registry import Registry
-from dspark.cluster.metrics import Metrics
+from dspark.metrics.series import Metrics
 
 log = logging.getLogger(__name__)
 

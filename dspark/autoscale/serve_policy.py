@@ -32,7 +32,7 @@ import time
 from typing import Any
 
 from dspark.autoscale.policy import SLA, AutoscalePolicy, DraftSignals, PolicyConfig, PoolLimits, VerifySignals
-from dspark.cluster.metrics import Metrics
+from dspark.metrics.series import Metrics
 
 PRESSURE_PREFIX = "admission_pressure:"
 

@@ -7,8 +7,9 @@ import time
 
 import torch
 
-from dspark.models.runner import SeqChunk, TargetRunner
-from dspark.models.target import TargetModel
+from dspark.models.target.layer import SeqChunk
+from dspark.models.target.loader import TargetModel
+from dspark.models.target.runner import TargetRunner
 
 
 def _median_ms(runner: TargetRunner, chunks: list[SeqChunk], num_repeats: int) -> float:

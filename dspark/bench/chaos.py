@@ -68,7 +68,7 @@ def _pids(client: httpx.Client, cluster: str, names: tuple[str, ...]) -> list[in
     i-th live replica in id order (Serve pools); `scheduler` the SchedulerActor."""
     import ray
 
-    from dspark.actors.pools import ACTOR_NAMESPACE
+    from dspark.cluster.pools.actor_pools import ACTOR_NAMESPACE
 
     stats = client.get("/v1/dspark/stats").json()
     pids = []

@@ -14,11 +14,13 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
-from dspark.bench.prompts import mixed_prompts
-from dspark.models.drafter import Drafter, make_drafter
-from dspark.models.oracle import OracleDrafter
-from dspark.models.target import TargetModel
-from dspark.verify_service.engine import Engine, EngineConfig
+from dspark.config.engine import EngineConfig
+from dspark.models.drafters.base import Drafter
+from dspark.models.drafters.oracle import OracleDrafter
+from dspark.models.drafters.registry import make_drafter
+from dspark.models.target.loader import TargetModel
+from dspark.prompts.eval_sets import mixed_prompts
+from dspark.verify_service.engine import Engine
 from dspark.verify_service.request import SamplingParams
 
 
@@ -161,7 +163,7 @@ def _drafter(name: str, target: TargetModel, checkpoints: dict[str, str]) -> Dra
 
 def _per_domain(picked: list[tuple[str, list[int]]], base: ArmResult, arm: ArmResult) -> dict:
     """Batch-1 tokens/s per domain (math, code, chat), target-only vs this arm."""
-    from dspark.bench.prompts import DOMAINS
+    from dspark.prompts.eval_sets import DOMAINS
 
     out: dict = {}
     for dom in sorted({DOMAINS[d] for d, _ in picked}):

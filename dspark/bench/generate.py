@@ -17,18 +17,20 @@ import time
 
 import torch
 
-from dspark.bench.prompts import chat_prompt_ids
-from dspark.models import native
-from dspark.models.gemm_plan import GemmPlan, cpu_signature
-from dspark.models.target import load_target
+from dspark.config.engine import EngineConfig, resolve_dtype
+from dspark.kernels import native
+from dspark.kernels.gemm_plan import GemmPlan
+from dspark.kernels.machine import cpu_signature
+from dspark.models.target.loader import load_target
+from dspark.prompts.eval_sets import chat_prompt_ids
+from dspark.prompts.seeds import man_page_prompts, stdlib_code_prompts
 from dspark.spec.chi2 import chi_square_pvalue
 from dspark.spec.nucleus import sample_nucleus
 from dspark.spec.sampling import exponential_noise, logits_to_probs, sample_from_probs
 from dspark.spec.verification import verify
-from dspark.training.prompts import man_page_prompts, stdlib_code_prompts
-from dspark.verify_service.batch import build_verify_input
-from dspark.verify_service.engine import Engine, EngineConfig, resolve_dtype
+from dspark.verify_service.engine import Engine
 from dspark.verify_service.request import Request, SamplingParams
+from dspark.verify_service.step.batch import build_verify_input
 
 
 class VerifierSampledEngine(Engine):

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dspark.bench.tiny_targets import make_family_dir
-from dspark.models.gemm_plan import cpu_signature
-from dspark.models.generic_runner import GenericRunner
-from dspark.models.target import TargetModel, load_target
-from dspark.verify_service.engine import Engine, EngineConfig
+from dspark.config.engine import EngineConfig
+from dspark.kernels.machine import cpu_signature
+from dspark.models.target.generic_runner import GenericRunner
+from dspark.models.target.loader import TargetModel, load_target
+from dspark.verify_service.engine import Engine
 from dspark.verify_service.request import SamplingParams
 
 

@@ -15,108 +15,17 @@ JSON last.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import gc
 import statistics
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
-import psutil
-
+from dspark.bench.processes import RssSampler, client_gc_paused, cpu_used, session_cpu_by_process, session_rss_mb
 from dspark.bench.raw_http import post, request_bytes
+from dspark.bench.scrape import counter, draft_links, engine_leftovers
 from dspark.bench.serve_bench import fixed_pool_args, free_port, wait_healthy
-from dspark.cluster.admission_gate import MODE_HEADER
-
-
-def _session_processes() -> list[tuple[str, psutil.Process]]:
-    """This process ("load generator") and every Ray process on the machine (raylet, GCS, workers,
-    replicas), each with its title (`ray::ServeReplica:dspark:dspark-verify`, `ray::ProxyActor`, `raylet`)."""
-    me = psutil.Process()
-    out: list[tuple[str, psutil.Process]] = [("load generator", me)]
-    for proc in psutil.process_iter(["name", "cmdline"]):
-        try:
-            cmd = " ".join(proc.info["cmdline"] or [])
-            if proc.pid != me.pid and ("ray::" in cmd or "raylet" in cmd or "gcs_server" in cmd
-                                       or "ray/_private" in cmd or "ray/dashboard" in cmd):
-                # a busy replica's title names its method (`...dspark-verify.handle_request`): one key per process
-                title = cmd.split()[0].split(".")[0] if cmd.startswith("ray::") else (proc.info["name"] or "ray")
-                out.append((title, proc))
-        except (psutil.NoSuchProcess, psutil.AccessDenied, TypeError):
-            continue
-    return out
-
-
-def _by_process(measure: Callable[[psutil.Process], float]) -> dict[str, float]:
-    """`measure(process)` summed by process title (processes that went away meanwhile are left out)."""
-    out: dict[str, float] = {}
-    for title, proc in _session_processes():
-        try:
-            out[title] = out.get(title, 0.0) + measure(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return out
-
-
-def _session_rss_by_process() -> dict[str, float]:
-    """RSS (MiB) by process title."""
-    return _by_process(lambda p: p.memory_info().rss / 2**20)
-
-
-def _session_cpu_by_process() -> dict[str, float]:
-    """CPU seconds (user + system) used so far, by process title."""
-    return _by_process(lambda p: sum(p.cpu_times()[:2]))
-
-
-def _cpu_used(before: dict[str, float], after: dict[str, float], num_requests: int) -> dict[str, float]:
-    """CPU ms per request sent, by process, between two snapshots (largest first; under 0.05 ms left out):
-    where a phase's work went (the HTTP path, the compute pools, the load generator itself)."""
-    used = {k: (v - before.get(k, 0.0)) * 1e3 / max(num_requests, 1) for k, v in after.items()}
-    return {k: round(v, 2) for k, v in sorted(used.items(), key=lambda kv: -kv[1]) if v >= 0.05}
-
-
-def _session_rss_mb() -> float:
-    return sum(_session_rss_by_process().values())
-
-
-class _RssSampler:
-    """Total RSS every `interval_s`; the per-process breakdown at the start and at the peak."""
-
-    def __init__(self, interval_s: float = 0.25) -> None:
-        self.interval_s, self.samples = interval_s, []
-        self.first: dict[str, float] = {}
-        self.at_peak: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            by_proc = _session_rss_by_process()
-            total = sum(by_proc.values())
-            if not self.samples:
-                self.first = by_proc
-            if not self.samples or total > max(self.samples):
-                self.at_peak = by_proc
-            self.samples.append(total)
-            self._stop.wait(self.interval_s)
-
-    def growth_by_process(self) -> dict[str, float]:
-        """MiB each process grew by from the first sample to the peak, largest first."""
-        grown = {k: round(v - self.first.get(k, 0.0), 1) for k, v in self.at_peak.items()}
-        return dict(sorted(grown.items(), key=lambda kv: -kv[1]))
-
-    def __enter__(self) -> _RssSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+from dspark.cluster.ingress.admission_gate import MODE_HEADER
 
 
 async def _fire(base_url: str, num: int, max_tokens: int, headers: dict[str, str], timeout_s: float,
@@ -176,22 +85,6 @@ def _pct(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-@contextlib.contextmanager
-def _client_gc_paused() -> Iterator[None]:
-    """No garbage collection in the load generator while a phase runs. This process has torch, transformers
-    and Ray loaded (millions of objects); a full collection, which the records of earlier phases trigger,
-    stops its event loop for 100-300 ms, and every response waiting to be read then counts that pause as
-    the server's latency. Collected between phases instead."""
-    gc.collect()
-    gc.freeze()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-        gc.unfreeze()
-
-
 def run_overload(args: dict[str, Any], multiple: float = 10.0, max_tokens: int = 16,
                  rss_bound_mb: float | None = None, rss_margin_mb: float = 512.0, timeout_s: float = 300.0,
                  headers: dict[str, str] | None = None, burst: bool = True, hangup_max_tokens: int = 1024,
@@ -210,7 +103,7 @@ def run_overload(args: dict[str, Any], multiple: float = 10.0, max_tokens: int =
     from ray import serve
 
     from dspark.cluster.app import build_app
-    from dspark.cluster.config import ServeAppConfig
+    from dspark.config.serve import ServeAppConfig
 
     # fixed pool sizes: a replica the autoscaler adds mid-run (a model and a KV cache, ~2.7 GB here) would
     # be counted as memory the overload took, and its start-up would stall the cores the run is timing
@@ -235,17 +128,17 @@ def run_overload(args: dict[str, Any], multiple: float = 10.0, max_tokens: int =
         wait_healthy(base_url, 900)
         # warm-up: first-request costs are not in the figures
         asyncio.run(_fire(base_url, 4, max_tokens, hdrs, timeout_s))
-        links_before = _draft_links(base_url, hdrs)
-        rss_before = _session_rss_mb()
-        with _RssSampler() as rss:
-            cpu0 = _session_cpu_by_process()
+        links_before = draft_links(base_url, hdrs)
+        rss_before = session_rss_mb()
+        with RssSampler() as rss:
+            cpu0 = session_cpu_by_process()
             t0 = time.perf_counter()
             cal = asyncio.run(_fire(base_url, limit, max_tokens, {**hdrs, MODE_HEADER: "static"}, timeout_s))
             cal_wall = time.perf_counter() - t0
             capacity_rps = sum(1 for r in cal if r["status"] == 200) / cal_wall
             phases["calibrate"] = {**_summary(cal, cal_wall, sla), "capacity_rps": round(capacity_rps, 2),
-                                   "cpu_ms_per_request": _cpu_used(cpu0, _session_cpu_by_process(), len(cal))}
-            phases["calibrate"]["rss_peak_mb"] = round(max(rss.samples + [_session_rss_mb()]), 1)
+                                   "cpu_ms_per_request": cpu_used(cpu0, session_cpu_by_process(), len(cal))}
+            phases["calibrate"]["rss_peak_mb"] = round(max(rss.samples + [session_rss_mb()]), 1)
             # the bound, stated before the overload starts: full load (the limit's worth in flight) may take
             # what it takes; ten times the load, refused past the limit, may take at most `margin` more
             full_load_peak = phases["calibrate"]["rss_peak_mb"]
@@ -262,20 +155,20 @@ def run_overload(args: dict[str, Any], multiple: float = 10.0, max_tokens: int =
                 # a few requests in this mode first: the front door learns this mode's limit from their answers
                 asyncio.run(_fire(base_url, 2, max_tokens, mode_hdrs, timeout_s))
                 first_sample = len(rss.samples)
-                cpu0 = _session_cpu_by_process()
+                cpu0 = session_cpu_by_process()
                 t0 = time.perf_counter()
-                with _client_gc_paused():
+                with client_gc_paused():
                     recs = asyncio.run(_fire(base_url, num, max_tokens, mode_hdrs, timeout_s, spread_s))
                 phases[name] = {**_summary(recs, time.perf_counter() - t0, sla), "spread_s": round(spread_s, 2),
                                 "arrival_rps": round(num / spread_s, 2) if spread_s else None,
-                                "cpu_ms_per_request": _cpu_used(cpu0, _session_cpu_by_process(), len(recs)),
-                                "rss_peak_mb": round(max(rss.samples[first_sample:] + [_session_rss_mb()]), 1)}
+                                "cpu_ms_per_request": cpu_used(cpu0, session_cpu_by_process(), len(recs)),
+                                "rss_peak_mb": round(max(rss.samples[first_sample:] + [session_rss_mb()]), 1)}
                 records += recs
-        links_after = _draft_links(base_url, hdrs)
-        leftover = _engine_leftovers(base_url, hdrs)
+        links_after = draft_links(base_url, hdrs)
+        leftover = engine_leftovers(base_url, hdrs)
         phases["disconnect"] = _disconnect_phase(base_url, hdrs, min(limit, cfg.capacity), hangup_max_tokens,
                                                  timeout_s)
-        rss_after = _session_rss_mb()
+        rss_after = session_rss_mb()
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -308,7 +201,7 @@ def run_overload(args: dict[str, Any], multiple: float = 10.0, max_tokens: int =
 def _disconnect_phase(base_url: str, hdrs: dict[str, str], num_hangups: int, hangup_max_tokens: int,
                       timeout_s: float) -> dict:
     """Clients that hang up mid-stream: their KV slots and draft contexts must be freed, not decoded to the end."""
-    aborted_before = _counter(base_url, hdrs, "vllm:request_success_total", 'finished_reason="abort"')
+    aborted_before = counter(base_url, hdrs, "vllm:request_success_total", 'finished_reason="abort"')
     hung = asyncio.run(_hang_up_many(base_url, num_hangups, hangup_max_tokens, hdrs, timeout_s))
     last = max((r["hung_up_at"] for r in hung if "hung_up_at" in r), default=time.monotonic())
     num_refused_streams = sum(1 for r in hung if r.get("status") in (429, 503))
@@ -317,11 +210,11 @@ def _disconnect_phase(base_url: str, hdrs: dict[str, str], num_hangups: int, han
     deadline = time.monotonic() + 60.0
     aborted = 0.0
     while time.monotonic() < deadline:
-        aborted = _counter(base_url, hdrs, "vllm:request_success_total", 'finished_reason="abort"') - aborted_before
+        aborted = counter(base_url, hdrs, "vllm:request_success_total", 'finished_reason="abort"') - aborted_before
         if aborted >= num_hung:
             break
         time.sleep(0.25)
-    freed = _engine_leftovers(base_url, hdrs, timeout_s=120.0)
+    freed = engine_leftovers(base_url, hdrs, timeout_s=120.0)
     return {"num_streams": num_hangups, "num_hung_up": num_hung, "num_refused": num_refused_streams,
             "max_tokens_each": hangup_max_tokens, "engines_after": freed, "num_recorded_aborted": aborted,
             "freed_within_s": round(time.monotonic() - last, 2) if not any(freed.values()) else None,
@@ -349,7 +242,9 @@ def _summary(records: list[dict], wall_s: float, sla: dict[str, float]) -> dict:
     ok = [r for r in records if r["status"] == 200]
     refused = [r for r in records if r["status"] in (429, 503)]
     other = [r for r in records if r["status"] not in (200, 429, 503)]
-    refused_s = [r["latency_s"] for r in refused]
+    # a refusal's latency: to the first byte of the 429/503 (the status line and Retry-After arrive together)
+    refused_s = [r.get("first_byte_s", r["latency_s"]) for r in refused]
+    refused_end_s = [r["latency_s"] for r in refused]
     ok_s = [r["latency_s"] for r in ok]
     ttft = [r["ttft_s"] for r in ok if "ttft_s" in r]
     tpot = [r["tpot_s"] for r in ok if "tpot_s" in r]
@@ -365,6 +260,7 @@ def _summary(records: list[dict], wall_s: float, sla: dict[str, float]) -> dict:
         "refusal_reasons": dict(Counter(str(r.get("reason"))[:60] for r in refused).most_common(4)),
         "refusal_latency_ms": {"p50": _ms(_pct(refused_s, 0.5)), "p99": _ms(_pct(refused_s, 0.99)),
                                "max": _ms(max(refused_s) if refused_s else None)},
+        "refusal_to_close_ms": {"p50": _ms(_pct(refused_end_s, 0.5)), "p99": _ms(_pct(refused_end_s, 0.99))},
         # when in the phase the slow refusals were sent (a warm-up, a stall, or spread evenly)
         "refusal_p99_ms_by_second": _by_second(refused),
         "admitted_latency_s": {"p50": _pct(ok_s, 0.5), "p99": _pct(ok_s, 0.99), "max": max(ok_s) if ok_s else None,
@@ -384,7 +280,7 @@ def _by_second(records: list[dict]) -> list[float | None]:
     start = min(r["sent_at"] for r in records)
     buckets: dict[int, list[float]] = {}
     for r in records:
-        buckets.setdefault(int(r["sent_at"] - start), []).append(r["latency_s"])
+        buckets.setdefault(int(r["sent_at"] - start), []).append(r.get("first_byte_s", r["latency_s"]))
     return [_ms(_pct(buckets.get(i, []), 0.99)) for i in range(max(buckets) + 1)]
 
 
@@ -392,55 +288,3 @@ def _ms(value: float | None) -> float | None:
     return None if value is None else round(1e3 * value, 2)
 
 
-_HELD = ("vllm:num_requests_running", "vllm:num_requests_waiting", "dspark_draft_contexts")
-
-
-def _draft_links(base_url: str, headers: dict[str, str]) -> dict | None:
-    """Serve pools of the first arm (what `/v1/dspark/stats` reports): verify replicas, and how many of them
-    have no working draft link. None where there are no Serve pools to ask."""
-    try:
-        resp = httpx.get(f"{base_url}/v1/dspark/stats", headers=headers, timeout=30)
-        verify = ((resp.json().get("scheduler") or {}).get("replicas") or {}).get("verify") if resp.is_success else None
-    except (httpx.HTTPError, ValueError, AttributeError):
-        return None
-    if not verify:
-        return None
-    return {"verify_replicas": len(verify), "broken": sum(1 for v in verify.values() if v.get("draft_broken"))}
-
-
-def _engine_leftovers(base_url: str, headers: dict[str, str], timeout_s: float = 45.0) -> dict:
-    """Requests the engines still hold once every client has its answer (0 running, 0 waiting, 0 draft
-    contexts expected), from /metrics; polled, since the metrics agents export every few seconds."""
-    deadline = time.monotonic() + timeout_s
-    out: dict[str, float] = {}
-    while True:
-        text = httpx.get(f"{base_url}/metrics", headers=headers, timeout=30).text
-        out = {name: _metric_sum(text, name) for name in _HELD}
-        if not any(out.values()) or time.monotonic() > deadline:
-            return out
-        time.sleep(0.5)
-
-
-def _counter(base_url: str, headers: dict[str, str], name: str, label: str) -> float:
-    """The sum of a counter's series carrying `label`, from /metrics."""
-    return _metric_sum(httpx.get(f"{base_url}/metrics", headers=headers, timeout=30).text, name, label)
-
-
-def _metric_sum(text: str, name: str, label: str = "") -> float:
-    """The sum over the series of metric `name` (those carrying `label`) in Prometheus text."""
-    total = 0.0
-    for line in text.splitlines():
-        if line.split("{", 1)[0].split(" ", 1)[0] == name and label in line:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
-def load_serve_args(path: Path, app_name: str | None = None) -> dict:
-    """The `args` of an application of a Serve config file (the first one, or `app_name`)."""
-    import yaml
-
-    apps = yaml.safe_load(path.read_text())["applications"]
-    app = next((a for a in apps if app_name in (None, a.get("name"))), None)
-    if app is None:
-        raise ValueError(f"{path}: no application named {app_name!r}")
-    return dict(app.get("args") or {})

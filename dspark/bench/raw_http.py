@@ -48,9 +48,11 @@ class _Exchange(asyncio.Protocol):
 
 async def post(host: str, port: int, path: str, payload: dict, headers: dict[str, str], timeout_s: float) -> dict:
     """One POST; `latency_s` from the moment its bytes were written to the end of the response (the server
-    closes the connection), `status`, `retry_after`, `refused_by` (`front-door` for HAProxy's own refusals,
-    `ingress` for other 429/503s), for errors the `reason` in the body, and for a stream its `ttft_s`
-    (to its first event) and `tpot_s` (the rest over the tokens after the first)."""
+    closes the connection), `first_byte_s` to its first byte (for a refusal: when the client learns of it; the
+    close is one more turn of this loop behind every other connection's callbacks), `status`, `retry_after`,
+    `refused_by` (`front-door` for HAProxy's own refusals, `ingress` for other 429/503s), for errors the
+    `reason` in the body, and for a stream its `ttft_s` (to its first event) and `tpot_s` (the rest over the
+    tokens after the first)."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future = loop.create_future()
     proto = _Exchange(request_bytes(host, port, path, payload, headers), done)
@@ -74,6 +76,7 @@ async def post(host: str, port: int, path: str, payload: dict, headers: dict[str
     if hdrs.get("transfer-encoding") == "chunked":
         body = unchunk(body)
     rec = {"status": status, "latency_s": end - proto.sent_at, "connect_s": proto.sent_at - t_conn,
+           "first_byte_s": proto.first_byte_at - proto.sent_at,
            "retry_after": hdrs.get("retry-after"), "sent_at": proto.sent_at,
            "refused_by": hdrs.get("x-dspark-refused-by", "ingress") if status in (429, 503) else None}
     if status >= 400:

@@ -1,6 +1,7 @@
 """`dspark bench roofline`: this machine's limits at the target's own shapes, and how close decode gets.
 
-Measured, per dtype (fp32, and bf16 where asked):
+Measured, per dtype (by default fp32, and bf16 only where the CPU has bf16 units; a progress bar with an
+estimate of the time left, the wall time in the JSON):
 - the GEMM roofline: FLOP/s of ALL the model's GEMMs of one step (its real weights, every layer, and
   the LM head) at 1 ... 512 rows, with the fastest kernel at each row count (`gemm_plan` candidates);
 - memory bandwidth: a large copy, a weight-streaming read (summing every weight once), and the read rate
@@ -14,14 +15,21 @@ Measured, per dtype (fp32, and bf16 where asked):
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict
 
 import torch
+from tqdm import tqdm
 
-from dspark.models.gemm_plan import GemmPlan, PlannedLinear, available_kernels, cpu_signature, median_ms
-from dspark.models.runner import SeqChunk, TargetRunner
-from dspark.models.target import load_target
+from dspark.kernels.gemm_plan import GemmPlan, PlannedLinear, available_kernels, median_ms
+from dspark.kernels.machine import cpu_signature, has_bf16_units
+from dspark.models.target.dtype_choice import candidate_dtypes
+from dspark.models.target.layer import SeqChunk
+from dspark.models.target.loader import load_target
+from dspark.models.target.runner import TargetRunner
+
+log = logging.getLogger(__name__)
 
 GEMM_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 DECODE_BATCHES = (1, 8, 32, 128, 256)
@@ -50,7 +58,8 @@ def flops_per_token(runner: TargetRunner) -> float:
     return float(sum(2 * lin.weight.numel() for lin in layers + [head]))
 
 
-def gemm_roofline(runner: TargetRunner, rows_grid: tuple[int, ...] = GEMM_ROWS, num_repeats: int = 5) -> dict:
+def gemm_roofline(runner: TargetRunner, rows_grid: tuple[int, ...] = GEMM_ROWS, num_repeats: int = 5,
+                  bar: tqdm | None = None) -> dict:
     """GFLOP/s of one step's GEMMs (layers + LM head) at each row count, best kernel and all kernels."""
     layers, head = _linears(runner)
     can_pack = all(lin.pack() for lin in layers + [head])
@@ -58,6 +67,8 @@ def gemm_roofline(runner: TargetRunner, rows_grid: tuple[int, ...] = GEMM_ROWS, 
     flops_tok = flops_per_token(runner)
     with torch.inference_mode():
         for rows in rows_grid:
+            if bar is not None:
+                bar.set_postfix_str(f"GEMM roofline, {rows} rows")
             xs = {lin.weight.shape[1]: lin.weight.new_ones(rows, lin.weight.shape[1]) * 0.01
                   for lin in layers + [head]}
             per_kernel = {}
@@ -69,7 +80,34 @@ def gemm_roofline(runner: TargetRunner, rows_grid: tuple[int, ...] = GEMM_ROWS, 
                 per_kernel[kernel] = round(flops_tok * rows / ms / 1e6, 1)  # GFLOP/s
             best = max(per_kernel, key=per_kernel.__getitem__)
             out[rows] = {"gflop_s": per_kernel[best], "kernel": best, "by_kernel": per_kernel}
+            if bar is not None:
+                bar.update(_gemm_work(flops_tok, rows, len(per_kernel), num_repeats))
     return out
+
+
+# ---- the progress bar's work units (GFLOP of the model's GEMMs; attention and norms ride along) ------------
+def _gemm_work(flops_tok: float, rows: int, num_kernels: int, num_repeats: int = 5) -> float:
+    return flops_tok * rows * num_kernels * (num_repeats + 1) / 1e9
+
+
+def _decode_work(flops_tok: float, batch: int, context_len: int, num_steps: int = 8) -> float:
+    steps = (num_steps + 1) + 3 + 3 + 1  # timed + warmup, profiled, wall, the one the profiler warms
+    return flops_tok * batch * (context_len + steps) / 1e9
+
+
+def _planned_work(flops_tok: float, dtypes: list[str], batches: tuple[int, ...], context_len: int,
+                  num_kernels: int) -> float:
+    per_dtype = sum(_gemm_work(flops_tok, r, num_kernels) for r in GEMM_ROWS) \
+        + sum(_decode_work(flops_tok, b, context_len) for b in batches)
+    return per_dtype * len(dtypes)
+
+
+def _decode_estimate_s(flops_tok: float, batches: tuple[int, ...], context_len: int, roof: dict) -> float:
+    """Seconds the decode part will take, at the GEMM roofline measured just before (a lower bound)."""
+    def rate(rows: int) -> float:
+        return roof[min(roof, key=lambda r: abs(r - rows))]["gflop_s"]
+    return sum(flops_tok * b * context_len / 1e9 / rate(min(b * context_len, 512))
+               + _decode_work(flops_tok, b, 0) / rate(b) for b in batches)
 
 
 def memory_bandwidth(runner: TargetRunner, copy_mb: int = 1024, num_repeats: int = 5) -> dict:
@@ -129,22 +167,41 @@ def decode_breakdown(model: torch.nn.Module, plan: GemmPlan, batch: int, context
     return {"step_ms": round(step_ms, 2), "tok_s": round(batch / step_ms * 1e3, 1), "components_ms": components}
 
 
-def run_roofline(target_name: str, dtypes: list[str], device: str = "cpu",
+def run_roofline(target_name: str, dtypes: list[str] | None = None, device: str = "cpu",
                  batches: tuple[int, ...] = DECODE_BATCHES, context_len: int = 128,
-                 row_invariant: bool = False) -> dict:
-    """`row_invariant`: decode with the verify engine's kernels (bit-stable rows in bf16) instead of the
-    generation path's (any kernel)."""
+                 row_invariant: bool = False, show_progress: bool = True) -> dict:
+    """`dtypes`: None or empty = this machine's candidates (fp32, and bf16 only where the CPU has bf16
+    units or on a GPU). `row_invariant`: decode with the verify engine's kernels (bit-stable rows in bf16)
+    instead of the generation path's (any kernel). A progress bar counts the GEMM work done (GFLOP)."""
+    t_start = time.perf_counter()
+    dtypes = dtypes or candidate_dtypes(device)
+    slow = [d for d in dtypes if d in ("bf16", "fp16") and not str(device).startswith("cuda") and not has_bf16_units()]
+    if slow:
+        log.warning("%s asked for, but this CPU has no bf16 units (AVX-512 BF16 / AMX): emulated and slow; the "
+                    "default measures only %s here", ",".join(slow), ",".join(candidate_dtypes(device)))
     res: dict = {"cpu": cpu_signature(), "torch": torch.__version__, "num_threads": torch.get_num_threads(),
-                 "context_len": context_len, "row_invariant": row_invariant, "by_dtype": {}}
+                 "context_len": context_len, "row_invariant": row_invariant, "dtypes": dtypes, "by_dtype": {}}
+    bar: tqdm | None = None
     for dtype in dtypes:
         target = load_target(target_name, device, dtype)
         runner = TargetRunner(target.model, 1, 8, row_invariant=row_invariant)
-        roof = gemm_roofline(runner)
-        bw = memory_bandwidth(runner)
         flops_tok = flops_per_token(runner)
+        if bar is None:
+            layers, head = _linears(runner)
+            num_kernels = len(available_kernels(all(lin.pack() for lin in layers + [head]), head.weight))
+            bar = tqdm(total=round(_planned_work(flops_tok, dtypes, batches, context_len, num_kernels)),
+                       desc="bench roofline", unit="GFLOP", disable=not show_progress)
+        bar.set_description(f"roofline {dtype}")
+        roof = gemm_roofline(runner, bar=bar)
+        bw = memory_bandwidth(runner)
+        est = _decode_estimate_s(flops_tok, batches, context_len, roof)
+        log.info("%s: GEMM roofline measured; decode at batches %s will take about %.0f s (at least)",
+                 dtype, ",".join(map(str, batches)), est)
         decode = {}
         for b in batches:
+            bar.set_postfix_str(f"decode, batch {b} (~{est / 60:.1f} min of decode in all)")
             d = decode_breakdown(target.model, runner.gemm_plan, b, context_len, row_invariant=row_invariant)
+            bar.update(_decode_work(flops_tok, b, context_len))
             achieved = flops_tok * b / d["step_ms"] / 1e6
             rows = min(GEMM_ROWS, key=lambda r, b=b: abs(r - b))
             d.update({"achieved_gflop_s": round(achieved, 1), "roofline_gflop_s": roof[rows]["gflop_s"],
@@ -161,6 +218,9 @@ def run_roofline(target_name: str, dtypes: list[str], device: str = "cpu",
             "flops_per_token": flops_tok, "memory_floor_ms": round(floor_ms, 2), "decode": decode,
             "batch1_over_memory_floor": round(decode[batches[0]]["step_ms"] / floor_ms, 2) if 1 in batches else None}
         del runner, target
+    if bar is not None:
+        bar.close()
+    res["wall_s"] = round(time.perf_counter() - t_start, 1)
     best = min(res["by_dtype"], key=lambda dt: res["by_dtype"][dt]["decode"][batches[-1]]["step_ms"])
     res["dtype"] = best  # the faster dtype at the largest batch; both are reported
     res["decode"] = res["by_dtype"][best]["decode"]

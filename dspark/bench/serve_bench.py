@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import yaml
 from tqdm import tqdm
 
 from dspark.actors.transport import free_port as free_port
+from dspark.bench.cpu_time import cores_used, measure, snapshot
 from dspark.bench.load import (
     LevelResult,
     LoadConfig,
@@ -34,7 +36,10 @@ from dspark.bench.load import (
     run_level_sync,
     summarize_level,
 )
-from dspark.bench.prompts import DOMAINS, load_turns
+from dspark.bench.peer_process import paused
+from dspark.bench.serve_fairness import fairness_summary
+from dspark.bench.serve_summary import summarize
+from dspark.prompts.eval_sets import DOMAINS, load_turns
 
 APP_NAME = "dspark-bench"
 PEER_ARM = "peer"
@@ -85,6 +90,9 @@ class ServeBenchConfig:
     host: str = "127.0.0.1"
     port: int | None = None  # None: a free one
     interleave: bool = False  # all arms up at once; each level in two passes, A..Z then Z..A
+    alone: bool = False  # with interleave: also each arm with only itself deployed (serve_fairness.py)
+    peer_pid: int | None = None  # the peer server's pid: paused (SIGSTOP) while our arms take their turn
+    idle_probe_s: float = 10.0  # with interleave: cores the idle apps use with no load, over this long
 
 
 def arm_args(config: ServeBenchConfig, name: str) -> dict[str, Any]:
@@ -204,24 +212,27 @@ def run_serve_bench(config: ServeBenchConfig) -> dict:
                          num_requests_for(config.load, c) for c in config.concurrency},
         "num_prompts": len(prompts), "interleave": config.interleave, "base": config.base, "arms": {},
     }
-    num_arms = len(config.arms) + bool(config.peer_url)
-    with tqdm(total=num_arms * len(config.concurrency), desc="bench serve", unit="level") as bar:
+    num_sweeps = len(config.arms) * (1 + (config.alone and config.interleave)) + bool(config.peer_url)
+    result["peer_paused_during_our_turns"] = bool(config.peer_url and config.peer_pid)
+    with tqdm(total=num_sweeps * len(config.concurrency), desc="bench serve", unit="level") as bar:
         if config.arms:
-            result["arms"].update(_run_serve_arms(config, prompts, bar))
+            result["arms"].update(_run_serve_arms(config, prompts, bar, result))
         if config.peer_url:
             bar.set_description(PEER_ARM)
             load = replace(config.load, base_url=config.peer_url.rstrip("/"), model=config.peer_model)
             result["arms"][PEER_ARM] = {"base_url": load.base_url, "model": config.peer_model,
                                         "levels": sweep(config, load, prompts, bar)}
     result["summary"] = summarize(result)
+    if config.alone and config.interleave:
+        result["summary"]["fairness"] = fairness_summary(result)
     return result
 
 
-def _run_serve_arms(config: ServeBenchConfig, prompts: list[Messages], bar: tqdm) -> dict[str, dict]:
+def _run_serve_arms(config: ServeBenchConfig, prompts: list[Messages], bar: tqdm,
+                    result: dict[str, Any]) -> dict[str, dict]:
     import ray
     from ray import serve
 
-    from dspark.cluster.app import build_app
 
     is_ray_ours = not ray.is_initialized()
     if is_ray_ours:
@@ -231,32 +242,70 @@ def _run_serve_arms(config: ServeBenchConfig, prompts: list[Messages], bar: tqdm
         ray.init(include_dashboard=False, log_to_driver=False, num_cpus=num_cpus)
     port = config.port or free_port()
     base_url = f"http://{config.host}:{port}"
-    arms: dict[str, dict] = {}
     try:
         serve.start(http_options={"host": config.host, "port": port})
-        if config.interleave:
-            return _run_interleaved(config, prompts, bar, base_url)
-        for name in config.arms:
-            bar.set_description(name)
-            args = arm_args(config, name)
-            arms[name] = {"config": args, "levels": []}
-            try:
-                t0 = time.perf_counter()
-                serve.run(build_app(args), name=APP_NAME, route_prefix="/")
-                wait_healthy(base_url, config.health_timeout_s)
-                arms[name]["startup_s"] = time.perf_counter() - t0
-                load = replace(config.load, base_url=base_url)
-                sweep(config, load, prompts, bar, arms[name]["levels"])
-            except Exception as exc:  # one broken arm must not lose the others' results
-                arms[name]["error"] = f"{type(exc).__name__}: {exc}"[:1000] + _deploy_failure(serve, str(exc))
-                bar.update(len(config.concurrency) - len(arms[name]["levels"]))
-            finally:
-                _delete_app(serve)
+        if not config.interleave:
+            return _run_one_by_one(config, prompts, bar, base_url, "levels")
+        if config.peer_url and config.peer_pid:  # the peer's own idle cost, before it is paused
+            result["idle_cores_peer_running"] = idle_cores(config.idle_probe_s, {}, config.peer_pid)
+        with paused(config.peer_pid):
+            arms = _run_interleaved(config, prompts, bar, base_url, result)
+            if config.alone:
+                for name in list(arms):
+                    _delete_app(serve, f"{APP_NAME}-{_route_name(name)}")
+                alone = _run_one_by_one(config, prompts, bar, base_url, "alone_levels",
+                                        [n for n in arms if not arms[n].get("error")])
+                for name, body in alone.items():
+                    arms[name]["alone_levels"] = body.get("alone_levels", [])
+                    arms[name]["alone_error"] = body.get("error")
+        return arms
     finally:
         serve.shutdown()
         if is_ray_ours:
             ray.shutdown()
+
+
+def _run_one_by_one(config: ServeBenchConfig, prompts: list[Messages], bar: tqdm, base_url: str, key: str,
+                    names: list[str] | None = None) -> dict[str, dict]:
+    """Each arm deployed alone at "/", swept, deleted; its levels (with the cores used) under `key`."""
+    from ray import serve
+
+    from dspark.cluster.app import build_app
+
+    arms: dict[str, dict] = {}
+    for name in names if names is not None else list(config.arms):
+        bar.set_description(f"{name} alone" if key == "alone_levels" else name)
+        args = arm_args(config, name)
+        arms[name] = {"config": args, key: []}
+        try:
+            t0 = time.perf_counter()
+            serve.run(build_app(args), name=APP_NAME, route_prefix="/")
+            wait_healthy(base_url, config.health_timeout_s)
+            arms[name]["startup_s"] = time.perf_counter() - t0
+            load = replace(config.load, base_url=base_url)
+            titles = {name: f"{APP_NAME}:"}
+            for c in config.concurrency:  # as many requests as the two interleaved passes together
+                bar.set_postfix_str(f"C={c}")
+                n = 2 * pass_size(config.load, c) if config.interleave else num_requests_for(config.load, c)
+                lv, cores = measure(partial(run_level_sync, replace(load, num_requests=n), prompts, c),
+                                    titles, config.peer_pid)
+                level = summarize_level(lv, load.max_tokens, config.keep_requests)  # type: ignore[arg-type]
+                level["cores_by_group"] = cores
+                arms[name][key].append(_with_server_stats(level, base_url, is_last=c == config.concurrency[-1]))
+                bar.update(1)
+        except Exception as exc:  # one broken arm must not lose the others' results
+            arms[name]["error"] = f"{type(exc).__name__}: {exc}"[:1000] + _deploy_failure(serve, str(exc))
+            bar.update(len(config.concurrency) - len(arms[name][key]))
+        finally:
+            _delete_app(serve)
     return arms
+
+
+def idle_cores(seconds: float, arm_titles: dict[str, str], peer_pid: int | None) -> dict[str, float]:
+    """Cores each process group keeps busy while nothing is sent (idle replicas, heartbeats, metrics)."""
+    before = snapshot(arm_titles, peer_pid)
+    time.sleep(seconds)
+    return cores_used(before, snapshot(arm_titles, peer_pid))
 
 
 def pass_size(load: LoadConfig, concurrency: int) -> int:
@@ -265,7 +314,7 @@ def pass_size(load: LoadConfig, concurrency: int) -> int:
 
 
 def _run_interleaved(config: ServeBenchConfig, prompts: list[Messages], bar: tqdm,
-                     base_url: str) -> dict[str, dict]:
+                     base_url: str, result: dict[str, Any]) -> dict[str, dict]:
     """Every arm as its own app (route /<arm>, actors named after the arm), then the ABBA passes."""
     from ray import serve
 
@@ -289,18 +338,25 @@ def _run_interleaved(config: ServeBenchConfig, prompts: list[Messages], bar: tqd
                                    + _deploy_failure(serve, str(exc), f"{APP_NAME}-{route}"))
             bar.update(len(config.concurrency))
     live = list(urls)
+    titles = {name: f"{APP_NAME}-{_route_name(name)}:" for name in live}  # `ray::ServeReplica:<app>:...`
+    result["idle_cores"] = idle_cores(config.idle_probe_s, titles, config.peer_pid)
     for c in config.concurrency:
         size = pass_size(config.load, c)
         passes: dict[str, list[LevelResult]] = {name: [] for name in live}
+        cores: dict[str, list[dict[str, float]]] = {name: [] for name in live}
         for p, order in enumerate((live, live[::-1])):
             for name in order:
                 bar.set_description(name)
                 bar.set_postfix_str(f"C={c} pass {p + 1}/2")
                 load = replace(config.load, base_url=urls[name], num_requests=size)
-                passes[name].append(run_level_sync(load, prompts[p * size:] + prompts[:p * size], c))
+                rotated = prompts[p * size:] + prompts[:p * size]
+                part, used = measure(partial(run_level_sync, load, rotated, c), titles, config.peer_pid)
+                passes[name].append(part)  # type: ignore[arg-type]
+                cores[name].append(used)
         for name in live:
             level = summarize_level(merge_levels(passes[name]), config.load.max_tokens, config.keep_requests)
             level["pass_throughput_tok_s"] = [output_throughput(part) for part in passes[name]]
+            level["pass_cores_by_group"] = cores[name]
             arms[name]["levels"].append(_with_server_stats(level, urls[name], is_last=c == config.concurrency[-1]))
             bar.update(1)
     return arms
@@ -326,88 +382,8 @@ def _deploy_failure(serve: Any, known: str, app_name: str = APP_NAME) -> str:
     return "".join(f" | {m.strip()[-1500:]}" for m in messages)
 
 
-def _delete_app(serve: Any) -> None:
+def _delete_app(serve: Any, app_name: str = APP_NAME) -> None:
     try:
-        serve.delete(APP_NAME)
+        serve.delete(app_name)
     except Exception:  # nothing was deployed, or it is already gone
         pass
-
-
-# ---- summary --------------------------------------------------------------------------------------
-
-
-def _by_concurrency(result: dict, arm: str, key: str) -> dict[int, float]:
-    levels = result["arms"].get(arm, {}).get("levels") or []
-    return {lv["concurrency"]: lv[key] for lv in levels if lv.get(key) is not None}
-
-
-def _pass_ratios(result: dict, arm: str, ref: str) -> dict[str, list[float]]:
-    """Interleaved runs: arm / ref throughput per pass at each level (how far noise moves the ratio)."""
-    a = _by_concurrency(result, arm, "pass_throughput_tok_s")
-    b = _by_concurrency(result, ref, "pass_throughput_tok_s")
-    return {str(c): [x / y for x, y in zip(a[c], b[c]) if y] for c in a if c in b}
-
-
-def spearman(xs: list[float], ys: list[float]) -> float | None:
-    """Rank correlation (average ranks for ties); None with fewer than 2 points or a constant side."""
-    def ranks(vs: list[float]) -> list[float]:
-        order = sorted(range(len(vs)), key=lambda i: vs[i])
-        out = [0.0] * len(vs)
-        i = 0
-        while i < len(order):
-            j = i
-            while j + 1 < len(order) and vs[order[j + 1]] == vs[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                out[order[k]] = (i + j) / 2
-            i = j + 1
-        return out
-
-    if len(xs) < 2:
-        return None
-    rx, ry = ranks(xs), ranks(ys)
-    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    var = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
-    return cov / var if var else None
-
-
-def summarize(result: dict) -> dict:
-    """Throughput ratios per level vs `no-spec` and `fixed-k`, and flags for the arms that exist."""
-    thr = {arm: _by_concurrency(result, arm, "output_throughput_tok_s") for arm in result["arms"]}
-    ratios: dict[str, dict[str, dict[str, float]]] = {}
-    for ref, tag in (("no-spec", "vs_no_spec"), ("fixed-k", "vs_fixed_k")):
-        if not thr.get(ref):
-            continue
-        for arm, by_c in thr.items():
-            for c, value in by_c.items():
-                if thr[ref].get(c):
-                    ratios.setdefault(arm, {}).setdefault(str(c), {})[tag] = value / thr[ref][c]
-    flags: dict[str, Any] = {}
-    sched = thr.get("scheduled")
-    if sched and thr.get("no-spec"):
-        common = [c for c in sched if c in thr["no-spec"]]
-        if common:
-            flags["scheduled_never_below_no_spec"] = all(sched[c] >= thr["no-spec"][c] for c in common)
-            flags["scheduled_min_ratio_vs_no_spec"] = min(sched[c] / thr["no-spec"][c] for c in common)
-    by_pass = _pass_ratios(result, "scheduled", "no-spec")
-    if by_pass:
-        flags["scheduled_vs_no_spec_by_pass"] = by_pass
-    if sched and thr.get("fixed-k"):
-        high = [c for c in sched if c >= 8 and c in thr["fixed-k"]]
-        if high:
-            flags["scheduled_ge_fixed_k_at_c_ge_8"] = all(sched[c] >= thr["fixed-k"][c] for c in high)
-    verify_trend = {}
-    for arm in result["arms"]:
-        by_c = _by_concurrency(result, arm, "mean_verify_len")
-        if len(by_c) >= 2 and any(by_c.values()):
-            cs = sorted(by_c)
-            verify_trend[arm] = {"falls": by_c[cs[-1]] < by_c[cs[0]],
-                                 "spearman": spearman(cs, [by_c[c] for c in cs]),
-                                 "lowest_c": by_c[cs[0]], "highest_c": by_c[cs[-1]]}
-    if "scheduled" in verify_trend:
-        flags["verify_len_falls_with_concurrency"] = verify_trend["scheduled"]["falls"]
-    return {"ratios": ratios, "flags": flags, "verify_len_trend": verify_trend,
-            "num_errors": {arm: sum(lv["num_errors"] for lv in a.get("levels", [])) for arm, a in
-                           result["arms"].items()},
-            "arm_errors": {arm: a["error"] for arm, a in result["arms"].items() if a.get("error")}}

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from dspark.models.target import resolve_target_path
+from dspark.models.target.loader import resolve_target_path
 
 WINDOW = 8  # sliding window of the windowed families: the tests' prompts are longer
 FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {

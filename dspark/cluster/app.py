@@ -1,11 +1,11 @@
 """The Ray Serve application: `serve run configs/serve.yaml` (import path `dspark.cluster.app:build_app`).
 
-The ingress deployment, `SpecDecodeServer`, serves the OpenAI-compatible app from `openai_api` over one
-engine per A/B arm, chosen by `mode` and `pools` (see `cluster/config.py`): an in-replica AsyncEngine
+The ingress deployment, `SpecDecodeServer`, serves the OpenAI-compatible app from `ingress/routes.py` over one
+engine per A/B arm, chosen by `mode` and `pools` (see `config/serve.py`): an in-replica AsyncEngine
 (inline); the arm's verify and draft pools as Serve deployments `<arm>-verify` / `<arm>-draft` that Serve
 scales and heals, reached through the verify deployment's handle and its scheduler-placing request router
 (`pools: serve`, serve_pools.py); or named worker actors the ingress starts and heals itself
-(`pools: actors`, cluster_engine.py).
+(`pools: actors`, pools/actor_engine.py).
 """
 
 from __future__ import annotations
@@ -19,16 +19,17 @@ from fastapi import FastAPI
 from ray import serve
 from ray.serve.config import BackpressureConfig
 
-from dspark.cluster.ab import Arm
-from dspark.cluster.access import KeyRing
-from dspark.cluster.admission import Admission, SLATarget
-from dspark.cluster.config import ServeAppConfig
-from dspark.cluster.engine_metrics import EngineMetrics
-from dspark.cluster.metrics_export import cluster_metrics_text
-from dspark.cluster.openai_api import GenerateEngine, build_fastapi
-from dspark.cluster.quotas import QuotaBook
+from dspark.cluster.ingress.ab import Arm
+from dspark.cluster.ingress.access import KeyRing
+from dspark.cluster.ingress.admission import Admission, SLATarget
+from dspark.cluster.ingress.engine import GenerateEngine
+from dspark.cluster.ingress.quotas import QuotaBook
+from dspark.cluster.ingress.routes import build_fastapi
+from dspark.config.serve import ServeAppConfig
+from dspark.metrics.export import cluster_metrics_text
 from dspark.verify_service.async_engine import AsyncEngine
 from dspark.verify_service.engine import Engine
+from dspark.verify_service.metrics import EngineMetrics
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ def make_async_engine(config: ServeAppConfig, replica: str, verify_pool: Any = N
     """inline: one target + drafter stepping on a thread of this replica; otherwise the worker pools (named
     actors started here, or the Serve verify deployment `verify_pool`)."""
     if verify_pool is not None:
-        from dspark.cluster.serve_pool_engine import ServePoolEngine
+        from dspark.cluster.pools.serve_engine import ServePoolEngine
 
         return ServePoolEngine(config, verify_pool)
     if config.mode == "inline":
@@ -45,7 +46,7 @@ def make_async_engine(config: ServeAppConfig, replica: str, verify_pool: Any = N
         metrics = EngineMetrics(config.metrics("verify", replica))
         return AsyncEngine(engine, on_step=lambda: metrics.after_step(engine),
                            on_idle=lambda: metrics.after_step(engine))
-    from dspark.cluster.cluster_engine import ClusterEngine
+    from dspark.cluster.pools.actor_engine import ClusterEngine
 
     return ClusterEngine(config)
 
@@ -131,7 +132,7 @@ def build_app(args: dict[str, Any]) -> serve.Application:
         actor_options["num_gpus"] = config.num_gpus_per_replica
     pools = None
     if config.pools == "serve" and config.mode != "inline":  # each arm's pools as Serve deployments
-        from dspark.cluster.serve_pools import pool_deployments
+        from dspark.cluster.pools.serve_pools import pool_deployments
 
         arms = [config.arm_config(a) for a in config.ab_arms] or [config]
         pools = {arm.arm_name: pool_deployments(arm) for arm in arms}

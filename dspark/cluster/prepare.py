@@ -5,7 +5,7 @@ already looked up: converting the embedded GGUF, building the native kernels, me
 the GEMM plans of the target and of each drafter, and the SPS profile of an unknown CPU. `make serve`
 runs this first, so `serve run` starts from a warm cache and a replica is ready as soon as its weights
 are loaded. Each step builds exactly what a replica builds (the same code, the same thread count, since
-plans are keyed by it) and caches it per machine under a lock (`models/cache_once.py`), so it is also
+plans are keyed by it) and caches it per machine under a lock (`kernels/cache_once.py`), so it is also
 safe to run while replicas start.
 """
 
@@ -22,8 +22,8 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from dspark.cluster.config import ServeAppConfig
-from dspark.models import cache_once
+from dspark.config.serve import ServeAppConfig
+from dspark.kernels import cache_once
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +61,9 @@ def _verify_engine(config: ServeAppConfig) -> str:
 
 
 def _drafter(config: ServeAppConfig) -> str:
-    from dspark.models.drafter import make_drafter
-    from dspark.models.target import load_target
-    from dspark.verify_service.engine import resolve_dtype
+    from dspark.config.engine import resolve_dtype
+    from dspark.models.drafters.registry import make_drafter
+    from dspark.models.target.loader import load_target
 
     torch.set_num_threads(config.draft_worker.threads())  # the draft replica's: plans are keyed by it
     target = load_target(config.target, config.device, resolve_dtype(config.engine_config()))
@@ -73,8 +73,8 @@ def _drafter(config: ServeAppConfig) -> str:
 
 def steps_for(configs: list[ServeAppConfig]) -> list[Step]:
     """The preparations the replicas of these configs would do, each once, in the order they need them."""
-    from dspark.models import native
-    from dspark.models.target import resolve_target_path
+    from dspark.kernels import native
+    from dspark.models.target.loader import resolve_target_path
 
     steps: list[Step] = []
     for c in configs:

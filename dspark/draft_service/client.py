@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from dspark.actors.transport import Channel
-from dspark.models.drafter import DraftOutput, DraftRequest
+from dspark.models.drafters.base import DraftOutput, DraftRequest
 
 log = logging.getLogger(__name__)
 

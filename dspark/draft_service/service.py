@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from dspark.models.drafter import Drafter, DraftRequest
+from dspark.models.drafters.base import Drafter, DraftRequest
 
 log = logging.getLogger(__name__)
 

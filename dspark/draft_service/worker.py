@@ -16,11 +16,11 @@ import ray
 import torch
 
 from dspark.actors.transport import GlooChannel
-from dspark.cluster.config import ServeAppConfig
+from dspark.config.engine import resolve_dtype
+from dspark.config.serve import ServeAppConfig
 from dspark.draft_service.service import DraftService, DraftSpan, serve_channel
-from dspark.models.drafter import make_drafter
-from dspark.models.target import load_target
-from dspark.verify_service.engine import resolve_dtype
+from dspark.models.drafters.registry import make_drafter
+from dspark.models.target.loader import load_target
 
 
 class DraftWorker:

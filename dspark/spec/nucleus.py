@@ -15,7 +15,7 @@ else runs on a few hundred candidates per row:
   (argmax p / E, E ~ Exp(1) from the request's own generator), over the nucleus only.
 - top_p = 1 rows race over the whole row (their nucleus is the whole vocabulary); greedy rows take
   the argmax.
-- With the native kernels (`models/native.py`), the passes over whole rows (max, exp, sum, candidates)
+- With the native kernels (`kernels/native.py`), the passes over whole rows (max, exp, sum, candidates)
   are one native call for all rows, fp32 or bf16 logits read in place; a row with more than
   NATIVE_CANDIDATE_CAP candidates, and the top_p = 1 rows, take the PyTorch passes.
 """
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from dspark.models import native
+from dspark.kernels import native
 from dspark.spec.sampling import exponential_noise
 
 _ROWS_PER_CHUNK = 16  # (16, V) fp32 working rows stay in cache: each pass over them is cheap

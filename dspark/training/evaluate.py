@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from dspark.bench.prompts import DOMAINS, chat_prompt_ids, load_turns
-from dspark.models.drafter import Drafter
-from dspark.models.target import TargetModel
+from dspark.config.engine import EngineConfig
+from dspark.models.drafters.base import Drafter
+from dspark.models.target.loader import TargetModel
+from dspark.prompts.eval_sets import DOMAINS, chat_prompt_ids, load_turns
 from dspark.spec.calibration import apply_temperatures, auc, brier, ece
-from dspark.verify_service.engine import Engine, EngineConfig
+from dspark.verify_service.engine import Engine
 from dspark.verify_service.request import SamplingParams
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from dspark.models.dspark import DSparkTrainOutput
+from dspark.models.drafters.dspark.model import DSparkTrainOutput
 
 
 @dataclass

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from dspark.models.target import TargetModel
+from dspark.models.target.loader import TargetModel
 from dspark.training.target_cache import CachedShard, cache_sequences
 
 

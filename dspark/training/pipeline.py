@@ -14,14 +14,14 @@ from pathlib import Path
 
 import torch
 
-from dspark.models.ar_draft import ARDraftModel
-from dspark.models.dspark import DSparkModel
-from dspark.models.dspark_config import DSparkConfig, default_target_layers
-from dspark.models.eagle3 import Eagle3Model
-from dspark.models.eagle3_config import Eagle3Config
-from dspark.models.mtp import MTPModel
-from dspark.models.mtp_config import MTPConfig
-from dspark.models.target import TargetModel, load_target
+from dspark.models.drafters.ar.eagle3 import Eagle3Model
+from dspark.models.drafters.ar.eagle3_config import Eagle3Config
+from dspark.models.drafters.ar.model import ARDraftModel
+from dspark.models.drafters.ar.mtp import MTPModel
+from dspark.models.drafters.ar.mtp_config import MTPConfig
+from dspark.models.drafters.dspark.config import DSparkConfig, default_target_layers
+from dspark.models.drafters.dspark.model import DSparkModel
+from dspark.models.target.loader import TargetModel, load_target
 from dspark.training.batches import SequenceSource, TrainBatch, select_features
 from dspark.training.losses import loss_weights
 from dspark.training.online_pool import OnlinePool
@@ -47,7 +47,8 @@ def data_dir(cfg: PipelineConfig) -> Path:
 
 
 def stage_synth(cfg: PipelineConfig) -> dict:
-    from dspark.verify_service.engine import Engine, EngineConfig
+    from dspark.config.engine import EngineConfig
+    from dspark.verify_service.engine import Engine
 
     out = data_dir(cfg)
     done = out / "DONE.json"
@@ -198,10 +199,11 @@ def stage_train(cfg: PipelineConfig) -> dict:
 
 def stage_calibrate(cfg: PipelineConfig) -> dict:
     """Fit STS on held-out prompts (T=1 rounds of real speculative decoding) and store the temperatures."""
-    from dspark.models.dspark_drafter import DSparkDrafter
+    from dspark.config.engine import EngineConfig
+    from dspark.models.drafters.dspark.drafter import DSparkDrafter
     from dspark.spec.calibration import fit_sts
     from dspark.training.evaluate import calibration_report, run_rounds
-    from dspark.verify_service.engine import Engine, EngineConfig
+    from dspark.verify_service.engine import Engine
 
     src = cfg.run_dir / "trained"
     done = cfg.run_dir / "calibration.json"
@@ -256,7 +258,7 @@ def _target(cfg: PipelineConfig) -> TargetModel:
 def _feature_target(cfg: PipelineConfig) -> tuple[TargetModel, str]:
     """The target that computes the training features, in `train.feature_dtype` (auto: measured fastest for
     batched prefill here), and that dtype's name."""
-    from dspark.verify_service.engine import EngineConfig, resolve_dtype
+    from dspark.config.engine import EngineConfig, resolve_dtype
 
     dtype = resolve_dtype(EngineConfig(target=cfg.target, dtype=cfg.train.feature_dtype, dtype_role="generate"))
     if dtype in (None, "fp32"):

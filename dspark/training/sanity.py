@@ -15,7 +15,8 @@ import time
 
 import torch
 
-from dspark.models.dspark_drafter import DSparkDrafter
+from dspark.config.engine import EngineConfig
+from dspark.models.drafters.dspark.drafter import DSparkDrafter
 from dspark.training.batches import SequencePool
 from dspark.training.evaluate import run_rounds
 from dspark.training.losses import loss_weights
@@ -23,7 +24,7 @@ from dspark.training.pipeline import _layers, _target, build_model, split_record
 from dspark.training.pipeline_config import PipelineConfig
 from dspark.training.target_cache import CachedShard, build_cache
 from dspark.training.trainer import TrainConfig, train
-from dspark.verify_service.engine import Engine, EngineConfig
+from dspark.verify_service.engine import Engine
 from dspark.verify_service.request import SamplingParams
 
 

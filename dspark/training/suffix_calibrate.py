@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from dspark.models.suffix_drafter import SuffixDrafter
+from dspark.models.drafters.suffix.drafter import SuffixDrafter
 from dspark.spec.calibration import ece
 from dspark.spec.source_calibration import SOURCES, SourceCalibration, regime_of
 from dspark.verify_service.engine import Engine

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from dspark.bench.prompts import chat_prompt_ids
-from dspark.training.prompts import PromptSeed, plan_seeds
+from dspark.prompts.eval_sets import chat_prompt_ids
+from dspark.prompts.seeds import PromptSeed, plan_seeds
 from dspark.verify_service.engine import Engine
 from dspark.verify_service.request import SamplingParams
 

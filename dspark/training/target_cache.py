@@ -16,8 +16,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from dspark.models.runner import SeqChunk, TargetRunner
-from dspark.models.target import TargetModel
+from dspark.models.target.layer import SeqChunk
+from dspark.models.target.loader import TargetModel
+from dspark.models.target.runner import TargetRunner
 
 
 @dataclass

@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dspark.models.ar_draft import ARDraftModel
-from dspark.models.dspark import DSparkModel
+from dspark.models.drafters.ar.model import ARDraftModel
+from dspark.models.drafters.dspark.model import DSparkModel
 from dspark.training.batches import SequenceSource, TrainBatch, make_batch, target_probs_over_draft_vocab
 from dspark.training.losses import LossWeights, dspark_loss
 

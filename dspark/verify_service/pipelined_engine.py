@@ -13,13 +13,16 @@ resumes as soon as the gate lets a micro-batch draft again.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
-from dspark.models.drafter import Drafter, DraftOutput, DraftRequest
-from dspark.models.target import TargetModel
-from dspark.verify_service.engine import Engine, EngineConfig
+from dspark.config.engine import EngineConfig
+from dspark.models.drafters.base import Drafter, DraftOutput, DraftRequest
+from dspark.models.target.loader import TargetModel
+from dspark.verify_service.engine import Engine
 from dspark.verify_service.request import Request, RequestOutput
+from dspark.verify_service.step.draft import no_draft
 
 PUSH_MIN_ROWS = 16  # while not drafting, ship a micro-batch's context once this many feature rows wait
 
@@ -78,11 +81,11 @@ class PipelinedEngine(Engine):
         running = [r for r in self.running if not r.is_finished]
         if self._merged and not self._in_flight:  # no draft to overlap: one round over every micro-batch
             if running:
-                outputs += self._round(running, lambda: DraftOutput(tokens=[[] for _ in running]), group)
+                outputs += self._round(running, no_draft, group)
         else:
             active = [r for r in running if r.micro_batch == group]
             if active:
-                outputs += self._round(active, lambda: self._collect(group, active), group,
+                outputs += self._round(active, functools.partial(self._collect, group), group,
                                        self._submit_ms.pop(group, 0.0))
             elif group in self._in_flight:  # everyone in it left: drain the round to keep replies in order
                 self._collect(group, [])

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dspark.models.kv_cache import KVCachePool
+from dspark.models.target.kv_cache import KVCachePool
 
 BLOCK = 16  # tokens per cached block
 

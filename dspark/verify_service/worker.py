@@ -23,16 +23,16 @@ import torch
 from dspark.actors.cluster_scheduler import WorkerLoad
 from dspark.actors.scheduler_actor import SchedulerClient
 from dspark.actors.transport import GlooChannel, RayChannel, free_port, node_ip
-from dspark.cluster.config import ServeAppConfig
-from dspark.cluster.engine_metrics import EngineMetrics
+from dspark.config.engine import resolve_dtype
+from dspark.config.serve import ServeAppConfig
 from dspark.draft_service.client import RemoteDrafter
-from dspark.models.drafter import make_drafter
-from dspark.models.target import load_target
+from dspark.models.drafters.registry import make_drafter
+from dspark.models.target.loader import load_target
 from dspark.verify_service.async_engine import AsyncEngine
-from dspark.verify_service.capacity import CentralCapacity
-from dspark.verify_service.engine import resolve_dtype
+from dspark.verify_service.metrics import EngineMetrics
 from dspark.verify_service.pipelined_engine import PipelinedEngine
 from dspark.verify_service.request import RequestOutput, SamplingParams
+from dspark.verify_service.step.capacity import CentralCapacity
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class VerifyWorker:
         self.capacity: CentralCapacity | None = None
         if config.scheduler == "central":
             self.capacity = CentralCapacity()
-            self.engine.scheduler = self.capacity
+            self.engine.set_scheduler(self.capacity)
         self.scheduler_client = SchedulerClient(f"{config.cluster_name}-scheduler", "dspark")
         self.draft_worker: str | None = None
         self.channel: GlooChannel | RayChannel | None = None

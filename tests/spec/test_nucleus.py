@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dspark.models import native
+from dspark.kernels import native
 from dspark.spec.chi2 import ALPHA, chi_square_pvalue
 from dspark.spec.nucleus import NATIVE_CANDIDATE_CAP, _sample_native, _sample_torch, sample_nucleus
 from dspark.spec.sampling import exponential_noise, logits_to_probs, sample_from_probs

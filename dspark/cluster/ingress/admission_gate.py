@@ -1,0 +1,146 @@
+"""The ingress's door: per-arm admission (admission.py), per-key quotas (quotas.py), what the front door is told.
+
+One object per ingress replica, used by the HTTP layer (guard.py, routes.py) at three points: before the body is
+read (`precheck`: a key over its quota, or every arm at its limit, is refused there), when the request's arm
+is known (`enter`), and on every response of the generate routes (`published_headers`: the limit and the
+wait the front door refuses by, front_door_rules.py). It counts its decisions
+(`dspark_admission_decisions_total{decision}`), exports each arm's limit and pressure as gauges, and logs when
+an arm starts and stops shedding, with the numbers that decided it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from dspark.cluster.ingress.admission import Admission, Mode
+from dspark.cluster.ingress.quotas import QuotaBook, QuotaDecision
+from dspark.metrics.series import Metrics
+
+log = logging.getLogger(__name__)
+
+LIMIT_HEADER = "x-dspark-admit-limit"
+RETRY_HEADER = "x-dspark-retry-after"
+MODE_HEADER = "x-dspark-admission"  # admin keys only: `static` or `sla` for this request (benchmarks)
+
+
+@dataclass
+class Refusal:
+    status: int
+    message: str
+    type_: str
+    code: str
+    headers: dict[str, str]
+
+
+class AdmissionGate:
+    def __init__(self, admissions: dict[str, Admission], quotas: QuotaBook | None = None,
+                 metrics: dict[str, Metrics] | None = None) -> None:
+        self.admissions = admissions
+        self.quotas = quotas
+        self.metrics = metrics or {}
+        self._is_shedding = dict.fromkeys(admissions, False)
+        self._shed_since: dict[str, float] = {}
+        for arm, m in self.metrics.items():
+            if arm in admissions:
+                m.refresh_every(lambda arm=arm, m=m: self._gauges(arm, m), interval_s=2.0)
+
+    # ---- before the body -------------------------------------------------------------------------
+    def precheck(self, digest: str | None, mode: Mode | None) -> tuple[Refusal | None, dict[str, str]]:
+        """A quota refusal, or every arm at its limit (whichever arm the request gets, it would be refused);
+        and the rate-limit headers for every response to it (empty for keys without a quota), which the
+        caller adds, to a refusal too."""
+        decision: QuotaDecision | None = self.quotas.check(digest) if self.quotas else None
+        quota_headers = decision.headers if decision else {}
+        if decision is not None and not decision.is_allowed:
+            self._count(None, "quota")
+            return Refusal(429, f"rate limit reached for this API key ({decision.reason}); retry later",
+                           "rate_limit_error", "rate_limit_exceeded",
+                           {"Retry-After": str(decision.retry_after_s)}), quota_headers
+        if self.admissions and all(a.num_in_flight >= a.current_limit(mode) for a in self.admissions.values()):
+            for arm, a in self.admissions.items():  # each arm would have refused it: each counts it
+                a.try_enter(mode)
+                self._count(arm, "shed" if a.num_in_flight < a.hard_limit else "full")
+                self._note_shedding(arm, a)
+            return Refusal(429, "the server is at capacity; retry later", "rate_limit_error", "overloaded",
+                           {"Retry-After": str(self.retry_after_s(mode))}), quota_headers
+        return None, quota_headers
+
+    # ---- once the arm is known -------------------------------------------------------------------
+    def enter(self, arm: str, mode: Mode | None, num_verify_replicas: int | None) -> Refusal | None:
+        adm = self.admissions.get(arm)
+        if adm is None:
+            return None
+        if num_verify_replicas:
+            adm.set_replicas(num_verify_replicas)
+        if adm.try_enter(mode):
+            self._count(arm, "admit")
+            self._note_shedding(arm, adm)
+            return None
+        is_full = adm.num_in_flight >= adm.hard_limit
+        self._count(arm, "full" if is_full else "shed")
+        self._note_shedding(arm, adm)
+        message = ("the server is at capacity; retry later" if is_full else
+                   "the server cannot answer this request within its latency target now; retry later")
+        return Refusal(429, message, "rate_limit_error", "overloaded",
+                       {"Retry-After": str(adm.retry_after_s(mode))})
+
+    # ---- published to the front door -------------------------------------------------------------
+    def published_headers(self, mode: Mode | None) -> list[tuple[bytes, bytes]]:
+        """What the front door refuses by: requests in flight this replica admits (all arms, plus a small
+        slack so that some excess still reaches admission, which counts it as demand for the autoscaler),
+        and the predicted wait."""
+        if not self.admissions:
+            return []
+        limit = sum(a.current_limit(mode) for a in self.admissions.values())
+        limit += max(2, limit // 8)
+        return [(LIMIT_HEADER.encode(), str(limit).encode()),
+                (RETRY_HEADER.encode(), str(self.retry_after_s(mode)).encode())]
+
+    def retry_after_s(self, mode: Mode | None) -> int:
+        return min((a.retry_after_s(mode) for a in self.admissions.values()), default=1)
+
+    # ---- what the autoscaler reads ---------------------------------------------------------------
+    def autoscaling_stats(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for arm, a in self.admissions.items():
+            out[f"admission_pressure:{arm}"] = a.pressure()
+            out[f"admission_limit:{arm}"] = float(a.sla_limit())
+            out[f"admission_in_flight:{arm}"] = float(a.num_in_flight)
+        return out
+
+    # ---- bookkeeping -----------------------------------------------------------------------------
+    def _count(self, arm: str | None, decision: str) -> None:
+        m = self.metrics.get(arm or "") or next(iter(self.metrics.values()), None)
+        if m is not None:
+            m.inc("dspark_admission_decisions_total", decision=decision)
+
+    def _note_shedding(self, arm: str, adm: Admission) -> None:
+        """Log the start and the end of shedding (not every refusal), with what decided it."""
+        recent = [ok for t, ok in adm._arrivals if time.monotonic() - t < 2.0]
+        is_shedding = bool(recent) and not all(recent)
+        if is_shedding == self._is_shedding.get(arm, False):
+            return
+        self._is_shedding[arm] = is_shedding
+        m = adm.model
+        n = adm.num_in_flight
+        if is_shedding:
+            self._shed_since[arm] = time.monotonic()
+            log.warning("admission %s: shedding: %d in flight, limit %d (static %d), %d verify replica(s), "
+                        "predicted TTFT %s s / TPOT %s s at the limit, pressure %.2f", arm, n, adm.sla_limit(),
+                        adm.hard_limit, m.num_replicas, _fmt(m.predicted_ttft_s(adm.sla_limit())),
+                        _fmt(m.predicted_tpot_s(adm.sla_limit())), adm.pressure())
+        else:
+            since = self._shed_since.pop(arm, time.monotonic())
+            log.warning("admission %s: stopped shedding after %.1f s: limit %d, %d verify replica(s)", arm,
+                        time.monotonic() - since, adm.sla_limit(), m.num_replicas)
+
+    def _gauges(self, arm: str, m: Metrics) -> None:
+        a = self.admissions[arm]
+        m.set("dspark_admission_limit", a.sla_limit())
+        m.set("dspark_admission_pressure", a.pressure())
+
+
+def _fmt(value: float | None) -> str:
+    return "?" if value is None else f"{value:.3f}"

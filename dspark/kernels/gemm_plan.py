@@ -1,0 +1,294 @@
+"""Which matmul kernel runs the target's linear layers at a given row count, measured on this machine.
+
+The fastest way to multiply T rows by a weight depends on the CPU, the dtype and T, and the gaps are
+large (SmolLM2-135M, all layer GEMMs of one step, 2 threads, Xeon with AVX-512 + AMX):
+- bf16, 8 rows: F.linear 21 ms, W @ xᵀ 14 ms; 1 row: torch.mv 12.7 ms, the others 19 ms;
+- fp32, 2-8 rows: W @ xᵀ 48-50 ms, F.linear 20-45 ms, oneDNN with prepacked weights 28 ms at 8 rows;
+and an AVX2-only CPU orders them differently again. So nothing is assumed: `measure_plan` times each
+candidate on the model's own weights at every row bucket (including the elementwise op that consumes
+the output, because W @ xᵀ returns a transposed view that slows its consumer), and the result is cached
+per machine under ``~/.cache/dspark/gemm_plans/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from dspark.kernels import cache_once
+from dspark.kernels.machine import cpu_signature
+
+log = logging.getLogger(__name__)
+
+KERNELS = ("linear", "wx", "packed", "mv", "native")  # timed candidates; "rowwise": the row-invariant fallback
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# the native kernel is kept if within this factor of the fastest: at those row counts the runner's fused
+# path (native.py) also saves the ~2 ms of small PyTorch ops a step around the GEMMs, and a kernel used
+# nowhere drops its weight copy (oneDNN's packed copy of SmolLM2 is 540 MB in fp32, per engine)
+NATIVE_PREFERENCE = 1.15
+
+
+@dataclass
+class GemmPlan:
+    """Kernel per row bucket, for the decoder layers' GEMMs and for the LM head."""
+
+    layer_kernels: dict[int, str]
+    head_kernels: dict[int, str]
+    meta: dict
+
+    @staticmethod
+    def fixed(kernel: str) -> GemmPlan:
+        return GemmPlan({b: kernel for b in ROW_BUCKETS}, {b: kernel for b in ROW_BUCKETS}, {"fixed": kernel})
+
+    def kernel(self, rows: int, is_head: bool = False) -> str:
+        table = self.head_kernels if is_head else self.layer_kernels
+        bucket = next((b for b in ROW_BUCKETS if b >= rows), ROW_BUCKETS[-1])
+        kernel = table[bucket]
+        return "wx" if kernel == "mv" and rows > 1 else kernel
+
+    @property
+    def uses_packed(self) -> bool:
+        return "packed" in self.layer_kernels.values() or "packed" in self.head_kernels.values()
+
+    def to_json(self) -> dict:
+        return {"layer_kernels": self.layer_kernels, "head_kernels": self.head_kernels, "meta": self.meta}
+
+    @staticmethod
+    def from_json(d: dict) -> GemmPlan:
+        return GemmPlan({int(k): v for k, v in d["layer_kernels"].items()},
+                        {int(k): v for k, v in d["head_kernels"].items()}, d.get("meta", {}))
+
+
+class PlannedLinear:
+    """One weight (out, in), optionally also prepacked for oneDNN, applied with a chosen kernel."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, name: str = "gemm") -> None:
+        self.name = name  # the native kernel's profiler label
+        self.weight = weight.detach().contiguous()
+        self.bias = bias.detach() if bias is not None else None
+        self.packed: torch.Tensor | None = None
+        self.native_packed: torch.Tensor | None = None
+
+    def native_weight(self) -> torch.Tensor:
+        """The weight in the native kernels' layout (packed on first use)."""
+        if self.native_packed is None:
+            from dspark.kernels import native  # compiled on first use
+
+            self.native_packed = native.pack(self.weight)
+        return self.native_packed
+
+    def pack(self) -> bool:
+        """Prepack for oneDNN (CPU only). False where this build or dtype cannot."""
+        if self.weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+            return False
+        try:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight)
+            x = self.weight.new_zeros(2, self.weight.shape[1])
+            torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        except (RuntimeError, NotImplementedError):
+            self.packed = None
+        return self.packed is not None
+
+    def __call__(self, x: torch.Tensor, kernel: str) -> torch.Tensor:
+        """x (T, in) -> (T, out); "wx" returns a transposed view, which the following ops accept."""
+        if kernel == "packed" and self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
+        if kernel == "rowwise":  # each row exactly as alone: the row-invariant fallback
+            return torch.cat([F.linear(x[i:i + 1], self.weight, self.bias) for i in range(x.shape[0])])
+        if kernel == "native":
+            from dspark.kernels import native
+
+            out = native.linear(x, self.native_weight(), self.weight.shape[0], self.name)
+        elif kernel == "mv" and x.shape[0] == 1:
+            out = torch.mv(self.weight, x[0])[None]
+        elif kernel == "wx":
+            out = _wx(x, self.weight)
+        else:
+            return F.linear(x, self.weight, self.bias)
+        return out + self.bias if self.bias is not None else out
+
+
+def wx_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T (+ bias) with the weight as the left operand (see `_wx`)."""
+    out = _wx(x, weight)
+    return out + bias if bias is not None else out
+
+
+def _wx(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x @ weight.T as (weight @ x.T).T, x row-major, padded to a multiple of 8 rows past 8 rows.
+
+    MKL's kernel for the weight as the left operand was 2-4x faster than F.linear's for few rows on
+    an AVX2 CPU, if x is row-major and its row count past 8 a multiple of 8 (at 9-15 rows it fell 2-3x
+    behind its own time at 16). Whether it wins here is measured, not assumed.
+    """
+    rows = x.shape[0]
+    pad = -rows % 8 if rows > 8 else 0
+    x = torch.cat([x, x.new_zeros(pad, x.shape[1])]) if pad else x.contiguous()
+    out = torch.mm(weight, x.t()).t()
+    return out[:rows] if pad else out
+
+
+def median_ms(fn: Callable[[], object], num_repeats: int, num_warmup: int = 1) -> float:
+    """Median wall time of `fn` in ms over num_repeats calls, after num_warmup."""
+    for _ in range(num_warmup):
+        fn()
+    samples = []
+    for _ in range(num_repeats):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(samples)
+
+
+def _time_kernel(linears: list[PlannedLinear], rows: int, kernel: str, num_repeats: int) -> float:
+    """All GEMMs of the set at `rows` rows, each followed by the add that consumes its output."""
+    inputs = {lin.weight.shape[1]: lin.weight.new_ones(rows, lin.weight.shape[1]) * 0.01 for lin in linears}
+    residual = {lin.weight.shape[0]: lin.weight.new_zeros(rows, lin.weight.shape[0]) for lin in linears}
+
+    def run() -> None:
+        for lin in linears:
+            _ = residual[lin.weight.shape[0]] + lin(inputs[lin.weight.shape[1]], kernel)
+
+    return median_ms(run, num_repeats)
+
+
+def _is_row_invariant(linears: list[PlannedLinear], rows: int, kernel: str) -> bool:
+    """Does `kernel` at `rows` rows give every row bit for bit what F.linear gives that row alone?
+
+    Needed in bf16, where each GEMM output is rounded to 8 bits of mantissa: a kernel whose reduction
+    order changes with the row count (oneDNN's bf16 path past ~32 rows does) would make a token's
+    logits depend on how many tokens its step carries, and greedy speculation would drift from
+    target-only decoding. fp32 GEMMs are not row-invariant in MKL at all; their differences stay
+    ~1e-7 relative, below what flips a greedy choice in practice, so fp32 is not restricted.
+    A kernel that sums in another order than F.linear on one row gives a different bf16 value in a
+    fraction of the outputs (thousands of a (64, 3072) product, a handful of a small one), so every row
+    of two inputs is compared, on the model's own (large) shapes.
+    """
+    gen = torch.Generator().manual_seed(rows)
+    for lin in linears[:4] + linears[-1:]:  # every distinct shape of a decoder layer, and the last
+        for _ in range(2):
+            x = torch.randn(rows, lin.weight.shape[1], generator=gen).to(lin.weight.dtype)
+            alone = torch.cat([F.linear(x[i:i + 1], lin.weight, lin.bias) for i in range(rows)])
+            if not torch.equal(lin(x, kernel), alone):
+                return False
+    return True
+
+
+def available_kernels(can_pack: bool, weight: torch.Tensor) -> list[str]:
+    """The candidates for weights like `weight` (native: fp32 on a CPU with a C compiler)."""
+    from dspark.kernels import native
+
+    return [k for k in KERNELS if (k != "packed" or can_pack) and (k != "native" or native.supports(weight))]
+
+
+def _drop_unused_copies(plan: GemmPlan, linears: list[PlannedLinear]) -> None:
+    """A kernel's weight copy (oneDNN's, the native layout) is kept only where the plan uses that kernel."""
+    used = set(plan.layer_kernels.values()) | set(plan.head_kernels.values())
+    for lin in linears:
+        if "packed" not in used:
+            lin.packed = None
+        if "native" not in used:
+            lin.native_packed = None
+
+
+def measure_plan(layers: list[PlannedLinear], head: PlannedLinear, num_repeats: int = 3,
+                 row_invariant: bool = True) -> GemmPlan:
+    """Time every candidate kernel per row bucket; keep the fastest for the layers and for the head
+    (with `row_invariant`, in bf16 / fp16 the fastest of those that are row-invariant, see
+    `_is_row_invariant`: what verification needs; bulk generation, which is compared with nothing,
+    may take any)."""
+    can_pack = all(lin.pack() for lin in layers + [head])
+    candidates = available_kernels(can_pack, head.weight)
+    is_low_precision = row_invariant and head.weight.dtype in (torch.bfloat16, torch.float16)
+    timings: dict[str, dict[int, dict[str, float]]] = {"layers": {}, "head": {}}
+    choice: dict[str, dict[int, str]] = {"layers": {}, "head": {}}
+    rejected: dict[str, dict[int, list[str]]] = {"layers": {}, "head": {}}
+    fallback: list[str] = []
+    with torch.inference_mode():
+        for group, linears in (("layers", layers), ("head", [head])):
+            for rows in ROW_BUCKETS:
+                kernels = [k for k in candidates if k != "mv" or rows == 1]
+                if is_low_precision:
+                    variant = [k for k in kernels if not _is_row_invariant(linears, rows, k)]
+                    rejected[group][rows] = variant
+                    kernels = [k for k in kernels if k not in variant]
+                    if not kernels:  # none is: one row at a time, the reference itself (slow, exact)
+                        fallback.append(f"{group}@{rows}")
+                        kernels = ["rowwise"]
+                times = {k: _time_kernel(linears, rows, k, num_repeats) for k in kernels}
+                timings[group][rows] = {k: round(v, 3) for k, v in times.items()}
+                best = min(times, key=times.__getitem__)
+                if times.get("native", float("inf")) <= NATIVE_PREFERENCE * times[best]:
+                    best = "native"  # see NATIVE_PREFERENCE
+                choice[group][rows] = best
+    plan = GemmPlan(choice["layers"], choice["head"], {"timings_ms": timings, "row_variant": rejected,
+                                                       "row_invariant_fallback": fallback})
+    _drop_unused_copies(plan, layers + [head])
+    return plan
+
+
+def plan_key(layers: list[PlannedLinear], head: PlannedLinear, row_invariant: bool) -> str:
+    shapes = sorted({tuple(lin.weight.shape) for lin in layers}) + [tuple(head.weight.shape)]
+    ident = {"cpu": cpu_signature(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+             "dtype": str(head.weight.dtype), "shapes": shapes, "num_layers": len(layers),
+             "row_invariant": row_invariant, "kernels": available_kernels(True, head.weight)}
+    if "native" in ident["kernels"]:
+        from dspark.kernels import native
+
+        ident["native_build"] = native.build_id()  # a rebuilt kernel is measured again
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+
+
+_MEMO: dict[str, GemmPlan] = {}
+
+
+def plan_for(layers: list[PlannedLinear], head: PlannedLinear, cache_root: Path | None,
+             row_invariant: bool = True) -> GemmPlan:
+    """The measured plan for these weights on this machine: from memory, from disk, or measured now."""
+    if head.weight.device.type != "cpu":
+        return GemmPlan.fixed("linear")
+    key = plan_key(layers, head, row_invariant)
+    path = cache_root / "gemm_plans" / f"{key}.json" if cache_root is not None else None
+    plan = _MEMO.get(key)
+    is_measured = False
+    if plan is None and path is not None:
+        plan = _read_plan(path)
+        if plan is None:  # measured once per machine: the other processes wait for it, then read it
+            with cache_once.locked(f"gemm-plan-{key}", cache_root):
+                plan = _read_plan(path)
+                if plan is None:
+                    plan, is_measured = _measure(layers, head, row_invariant), True
+                    cache_once.publish_json(path, plan.to_json())
+    elif plan is None:
+        plan, is_measured = _measure(layers, head, row_invariant), True
+    if not is_measured and plan.uses_packed:  # measuring packs; a plan read back packs the weights it uses
+        for lin in layers + [head]:
+            lin.pack()
+    _MEMO[key] = plan
+    return plan
+
+
+def _read_plan(path: Path) -> GemmPlan | None:
+    d = cache_once.read_json(path)
+    try:
+        return GemmPlan.from_json(d) if d is not None else None
+    except (KeyError, TypeError, ValueError):  # a damaged file: measured again
+        return None
+
+
+def _measure(layers: list[PlannedLinear], head: PlannedLinear, row_invariant: bool) -> GemmPlan:
+    t0 = time.perf_counter()
+    plan = measure_plan(layers, head, row_invariant=row_invariant)
+    plan.meta.update({"cpu": cpu_signature(), "dtype": str(head.weight.dtype), "row_invariant": row_invariant,
+                      "measure_s": round(time.perf_counter() - t0, 2)})
+    log.info("GEMM plan measured in %.1f s: %s", plan.meta["measure_s"], plan.layer_kernels)
+    return plan

@@ -1,0 +1,649 @@
+/* Native CPU kernels for the target runner's few-row steps (built by native.py with this machine's -march).
+ *
+ * A decode or verify step multiplies 1-16 rows by every weight: memory-bound, so what matters is reading
+ * each weight once at the machine's streaming bandwidth. MKL's one-row fp32 path read weights at a fraction
+ * of it on the CPUs measured (native.py's docstring has the figures). Every
+ * output is one FMA chain over the inputs in order, whatever the row count: a row's result does not depend
+ * on what else the step carries. Weights are packed once (native.py: pack) in blocks of 16 outputs.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <math.h>
+#include <omp.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <string.h>
+#ifdef __AVX512BF16__
+#include <immintrin.h>
+#endif
+
+
+/* ---- fp32 GEMM on weights packed in column blocks: wp (out_pad / 16, in, 16), out_pad a multiple of the tile. ----
+ * 16 outputs are one vector: y[r, o:o+16] += x[r, i] * wp[o/16, i, :], a plain FMA chain over i per output.
+ * No horizontal sums (row-major dot products, tried first, spent ~40% of their time in them at 4-8 rows), the
+ * weight tile is read once per TR input rows, and every output is the same chain whatever the row count.
+ */
+typedef float vf16 __attribute__((vector_size(64), aligned(4)));
+/* A tile: TR input rows x NB blocks of 16 outputs. Its accumulators are vectors of the machine's width VW
+ * (a vf16 zmm with AVX-512, a vf8 ymm with AVX2: GCC's 64-byte vectors lowered to ymm pairs kept the AVX2
+ * accumulators on the stack, ~4 GFLOP/s a core), TR x NV of them held in registers with the NV weight vectors
+ * and a broadcast input. AVX-512 (32 zmm): 6 rows x 4 blocks = 24 + 4 + 1. AVX2 (16 ymm): 6 rows x 1 block
+ * (2 ymm) = 12 + 2 + 1. Overridable at build time (-DNATIVE_TR=, -DNATIVE_NB=) to measure other shapes. */
+#ifdef __AVX512F__
+typedef float vfw __attribute__((vector_size(64), aligned(4)));
+#define VW 16
+#else
+typedef float vfw __attribute__((vector_size(32), aligned(4)));
+#define VW 8
+#endif
+#ifndef NATIVE_NB
+#ifdef __AVX512F__
+#define NATIVE_NB 4
+#else
+#define NATIVE_NB 1
+#endif
+#endif
+#ifndef NATIVE_TR
+#define NATIVE_TR 6
+#endif
+#define NB NATIVE_NB
+#define TR NATIVE_TR
+#define NV (NB * 16 / VW) /* vectors per tile row */
+
+/* Outputs per tile, to which pack() pads the output dimension. */
+int64_t native_tile_outputs(void) { return 16 * NB; }
+
+/* R <= TR input rows against NB blocks of 16 outputs, R a constant at each call site (tile_f32's switch), so
+ * the loops over rows unroll and the accumulators stay in registers: a remainder of rows costs only its own
+ * arithmetic. The inputs are summed in runs of KB, each run's sum added to the output: the rounding error grows
+ * with KB + in / KB terms instead of `in` (one chain over 1536 inputs drifted ~1e-5 from PyTorch's log-probs).
+ * Every output is the same chain whatever R. Vector v of a tile row is lanes (v * VW) % 16 .. of block
+ * (v * VW) / 16. */
+#define KB 64
+static inline __attribute__((always_inline)) void tile_rows(const float *const xr[TR], const int R, int64_t in,
+                                                            const float *restrict b, float *restrict y, int64_t ld) {
+  for (int64_t i0 = 0; i0 < in; i0 += KB) {
+    int64_t i1 = i0 + KB < in ? i0 + KB : in;
+    vfw acc[TR][NV];
+    for (int r = 0; r < R; r++)
+      for (int v = 0; v < NV; v++) acc[r][v] = (vfw){0};
+    for (int64_t i = i0; i < i1; i++) {
+      vfw w[NV];
+      for (int v = 0; v < NV; v++) w[v] = *(const vfw *)(b + (v * VW / 16) * in * 16 + i * 16 + (v * VW) % 16);
+      for (int r = 0; r < R; r++) {
+        float xv = xr[r][i];
+        for (int v = 0; v < NV; v++) acc[r][v] += xv * w[v];
+      }
+    }
+    for (int r = 0; r < R; r++)
+      for (int v = 0; v < NV; v++) {
+        vfw *out = (vfw *)(y + r * ld + v * VW);
+        *out = i0 == 0 ? acc[r][v] : *out + acc[r][v];
+      }
+  }
+}
+
+static void tile_f32(const float *const xr[TR], int64_t in, const float *restrict b, float *restrict y, int64_t ld,
+                     int64_t nr) {
+  switch (nr) {
+    case 1: tile_rows(xr, 1, in, b, y, ld); break;
+    case 2: tile_rows(xr, 2, in, b, y, ld); break;
+    case 3: tile_rows(xr, 3, in, b, y, ld); break;
+#if TR >= 4
+    case 4: tile_rows(xr, 4, in, b, y, ld); break;
+#endif
+#if TR >= 5
+    case 5: tile_rows(xr, 5, in, b, y, ld); break;
+#endif
+#if TR >= 6
+    case 6: tile_rows(xr, 6, in, b, y, ld); break;
+#endif
+#if TR >= 7
+    case 7: tile_rows(xr, 7, in, b, y, ld); break;
+#endif
+#if TR >= 8
+    case 8: tile_rows(xr, 8, in, b, y, ld); break;
+#endif
+    default: break;
+  }
+}
+
+/* Tiles [tid * chunk, ...) of y = x @ w^T: the part of thread tid of n (contiguous, for streaming). */
+static void gemm_part(const float *restrict x, const float *restrict wp, float *restrict y, int64_t rows, int64_t in,
+                      int64_t out, int64_t tid, int64_t n) {
+  int64_t width = 16 * NB, num_tiles = (out + width - 1) / width, chunk = (num_tiles + n - 1) / n;
+  int64_t lo = tid * chunk, hi = lo + chunk < num_tiles ? lo + chunk : num_tiles;
+  float tail[TR * 16 * NB];
+  for (int64_t p = lo; p < hi; p++) {
+    const float *b = wp + p * NB * in * 16;
+    int64_t o = width * p, cols = out - o < width ? out - o : width;
+    for (int64_t r = 0; r < rows; r += TR) {
+      int64_t nr = rows - r < TR ? rows - r : TR;
+      const float *xr[TR];
+      for (int64_t k = 0; k < TR; k++) xr[k] = x + (r + (k < nr ? k : 0)) * in;
+      if (cols == width) {
+        tile_f32(xr, in, b, y + r * out + o, out, nr);
+      } else { /* the last, partial tile: through a buffer */
+        tile_f32(xr, in, b, tail, width, nr);
+        for (int64_t k = 0; k < nr; k++) memcpy(y + (r + k) * out + o, tail + k * width, cols * sizeof(float));
+      }
+    }
+  }
+}
+
+void gemm_blocked_f32(const float *restrict x, const float *restrict wp, float *restrict y, int64_t rows, int64_t in,
+                      int64_t out, int64_t nt) {
+#pragma omp parallel num_threads(nt)
+  gemm_part(x, wp, y, rows, in, out, omp_get_thread_num(), omp_get_num_threads());
+}
+
+/* Attention of T single tokens over their own cache slots, computed in fp32 on fp32 or bf16 tensors.
+ * Query t (row t of q, stride q_stride, heads contiguous) reads keys key_row[t] .. key_row[t] + num_keys[t] - 1
+ * of the (rows, num_kv_heads, hd) cache. The G query heads sharing a KV head are done together, so each cached
+ * key and value is read (and, in bf16, widened) once per token: the CPU SDPA kernel ran at ~1/7 of the read
+ * bandwidth on single-query rows. probs: scratch of T * num_heads * max_keys floats. out: (T, num_heads * hd),
+ * the element type of q. Thread tid of n takes (token, KV head) items tid, tid + n, ...; an item's arithmetic
+ * does not depend on the others, so a token's result does not depend on what else the step carries. */
+
+static inline float bf16_to_f32(uint16_t h) {
+  union { uint32_t u; float f; } c = {.u = (uint32_t)h << 16};
+  return c.f;
+}
+
+static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch's .to(bfloat16) */
+  union { float f; uint32_t u; } c = {.f = f};
+  if ((c.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((c.u >> 16) | 0x40); /* NaN stays NaN */
+  return (uint16_t)((c.u + 0x7fffu + ((c.u >> 16) & 1u)) >> 16);
+}
+
+/* n elements of an fp32 (bf16 = 0) or bf16 (bf16 = 1) array from element offset `at`, as fp32 in buf; an fp32
+ * array is returned in place. */
+static inline __attribute__((always_inline)) const float *as_f32(const void *base, int64_t at, int64_t n, float *buf,
+                                                                  int bf16) {
+  if (!bf16) return (const float *)base + at;
+  const uint16_t *src = (const uint16_t *)base + at;
+#pragma omp simd
+  for (int64_t i = 0; i < n; i++) buf[i] = bf16_to_f32(src[i]);
+  return buf;
+}
+
+/* The sums of 16 vectors' lanes as one vector (lane j: the sum of p[j]): a tree of pairwise lane folds, 30
+ * shuffles and 15 adds for 16 dot products instead of 16 horizontal sums. */
+#if defined(__GNUC__) && !defined(__clang__)
+typedef int32_t vi16 __attribute__((vector_size(64)));
+#define FOLD(a, b, lo, hi) (__builtin_shuffle((a), (b), (vi16)lo) + __builtin_shuffle((a), (b), (vi16)hi))
+static inline vf16 sum_lanes16(vf16 p[16]) {
+  vf16 c[8], e[4], f[2];
+  for (int i = 0; i < 8; i++)
+    c[i] = FOLD(p[2 * i], p[2 * i + 1], ((vi16){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}),
+                ((vi16){8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}));
+  for (int i = 0; i < 4; i++)
+    e[i] = FOLD(c[2 * i], c[2 * i + 1], ((vi16){0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27}),
+                ((vi16){4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31}));
+  for (int i = 0; i < 2; i++)
+    f[i] = FOLD(e[2 * i], e[2 * i + 1], ((vi16){0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29}),
+                ((vi16){2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31}));
+  return FOLD(f[0], f[1], ((vi16){0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30}),
+              ((vi16){1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31}));
+}
+#else
+static inline vf16 sum_lanes16(vf16 p[16]) {
+  vf16 s;
+  for (int j = 0; j < 16; j++) {
+    float t = 0.f;
+    for (int i = 0; i < 16; i++) t += p[j][i];
+    s[j] = t;
+  }
+  return s;
+}
+#endif
+
+static inline vf16 load16(const float *p) { return *(const vf16 *)p; }
+
+/* p[j] = exp(p[j] - mx) for j < n (all <= 0), returning their sum, 16 at a time in vector code (libm's expf is
+ * one call per element without -ffast-math, and GCC kept this loop scalar). Cody-Waite reduction x = k ln2 + r,
+ * Cephes' degree-6 polynomial for e^r, 2^k from the exponent bits: within 2 ulp of expf, 0 below e^-87. */
+typedef int32_t vi16x __attribute__((vector_size(64), aligned(4)));
+static inline vf16 exp_le0(vf16 x) {
+  vi16x under = x < -87.0f;
+  x = (vf16)(((vi16x)x & ~under) | ((vi16x)((vf16){0} - 87.0f) & under));
+  vf16 k = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
+  vf16 r = x - k * 0.693359375f + k * 2.12194440e-4f;
+  vf16 y = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * r * r + r + 1.0f;
+  vi16x bits = (__builtin_convertvector(k, vi16x) + 127) << 23;
+  return (vf16)((vi16x)(y * (vf16)bits) & ~under);
+}
+
+static inline float exp_shifted(float *restrict p, int64_t n, float mx) {
+  vf16 sum = {0};
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    vf16 e = exp_le0(*(vf16 *)(p + j) - mx);
+    *(vf16 *)(p + j) = e;
+    sum += e;
+  }
+  if (j < n) { /* the tail through a buffer padded with e^-inf = 0 */
+    vf16 t;
+    for (int64_t i = 0; i < 16; i++) t[i] = j + i < n ? p[j + i] - mx : -INFINITY;
+    t = exp_le0(t);
+    for (int64_t i = 0; j + i < n; i++) p[j + i] = t[i];
+    sum += t;
+  }
+  float total = 0.f;
+  for (int i = 0; i < 16; i++) total += sum[i];
+  return total;
+}
+
+/* SiLU(g) * u over [lo, hi) of fp32 rows: sigmoid from e^-|g| (exp_le0), so no exp overflows; 16 at a time. */
+static inline vf16 silu16(vf16 g) {
+  vi16x neg = g < 0.0f;
+  vf16 e = exp_le0((vf16)((vi16x)g | (int32_t)0x80000000)); /* e^-|g| */
+  vf16 num = (vf16)(((vi16x)e & neg) | ((vi16x)((vf16){0} + 1.0f) & ~neg)); /* g < 0: e^g / (1 + e^g) */
+  return g * num / (1.0f + e);
+}
+
+static void silu_mul_range(const float *restrict g, const float *restrict u, float *restrict a, int64_t lo,
+                           int64_t hi) {
+  int64_t i = lo;
+  for (; i + 16 <= hi; i += 16) *(vf16 *)(a + i) = silu16(load16(g + i)) * load16(u + i);
+  for (; i < hi; i++) a[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+/* Software prefetch of the next block's cache rows (up to 16 of them; `count` may be <= 0): `width` elements
+ * of each, rows `stride` elements apart. */
+static inline __attribute__((always_inline)) void prefetch_rows(const void *base, int64_t at, int64_t count,
+                                                                 int64_t stride, int64_t width, int bf16) {
+  int64_t size = bf16 ? 2 : 4, bytes = width * size;
+  for (int64_t j = 0; j < (count < 16 ? count : 16); j++)
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)base + (at + j * stride) * size + b);
+}
+
+/* An item is one token and a run of its KV heads: all of them when there are enough tokens to share among the
+ * threads (a key's row is then read whole, one sequential stream per token), else one KV head each. Keys (and
+ * values) go in blocks of 16: a block's scores for one query head are 16 dot products folded into one vector
+ * (head_dim a multiple of 16; `hd` is a literal 64 for the common head size, so the chunk loops unroll). In
+ * bf16 a block is widened once into an fp32 buffer that serves all the item's heads. */
+#define KEYS 16
+#define ATTN_MAX_HD 256
+static inline __attribute__((always_inline)) void attention_generic(
+    int64_t T, const void *q, int64_t q_stride, const void *k_cache, const void *v_cache, const int64_t *key_row,
+    const int64_t *num_keys, void *out, float *probs, int64_t num_heads, int64_t num_kv_heads, const int64_t hd,
+    float scale, int64_t max_keys, int64_t tid, int64_t nthr, int bf16) {
+  int64_t nkv = num_kv_heads * hd, group = num_heads / num_kv_heads, nc = hd / 16;
+  int64_t split = T >= 2 * nthr ? 1 : num_kv_heads, heads = num_kv_heads / split, width = heads * hd;
+  /* per thread: q heads widened (heads * group, hd) | a key or value block (KEYS, width) | accumulators */
+  float *buf = malloc(sizeof(float) * (size_t)(heads * group * hd + KEYS * width) + sizeof(vf16) * heads * group * nc);
+  float *qbuf = buf, *blk = qbuf + heads * group * hd;
+  vf16 *acc = (vf16 *)(blk + KEYS * width);
+  for (int64_t item = tid; item < T * split; item += nthr) {
+    int64_t t = item / split, h0 = (item % split) * heads, n = num_keys[t];
+    int64_t k0 = key_row[t] * nkv + h0 * hd, stride = bf16 ? width : nkv;
+    float *p0 = probs + (t * num_heads + h0 * group) * max_keys; /* (heads * group, max_keys) */
+    const float *qh = as_f32(q, t * q_stride + h0 * group * hd, heads * group * hd, qbuf, bf16);
+    for (int64_t j0 = 0; j0 < n; j0 += KEYS) {
+      int64_t nb = n - j0 < KEYS ? n - j0 : KEYS;
+      const float *kb = bf16 ? blk : (const float *)k_cache + k0 + j0 * nkv;
+      prefetch_rows(k_cache, k0 + (j0 + KEYS) * nkv, n - j0 - KEYS, nkv, width, bf16);
+#ifdef __AVX512BF16__
+      if (bf16 && hd % 32 == 0) { /* bf16 pairs multiplied exactly and summed into fp32 lanes: no widening */
+        for (int64_t hg = 0; hg < heads * group; hg++) {
+          const uint16_t *qg = (const uint16_t *)q + t * q_stride + (h0 * group + hg) * hd;
+          const uint16_t *kh = (const uint16_t *)k_cache + k0 + j0 * nkv + (hg / group) * hd;
+          vf16 part[KEYS];
+          for (int64_t j = 0; j < KEYS; j++) {
+            __m512 s = _mm512_setzero_ps();
+            if (j < nb)
+              for (int64_t c = 0; c < hd / 32; c++)
+                s = _mm512_dpbf16_ps(s, (__m512bh)_mm512_loadu_si512(qg + 32 * c),
+                                     (__m512bh)_mm512_loadu_si512(kh + j * nkv + 32 * c));
+            part[j] = (vf16)s;
+          }
+          vf16 sc = sum_lanes16(part) * scale;
+          float *p = p0 + hg * max_keys + j0;
+          for (int64_t j = 0; j < nb; j++) p[j] = sc[j];
+        }
+        continue;
+      }
+#endif
+      if (bf16)
+        for (int64_t j = 0; j < nb; j++) as_f32(k_cache, k0 + (j0 + j) * nkv, width, blk + j * width, 1);
+      for (int64_t hg = 0; hg < heads * group; hg++) { /* query head h0 * group + hg reads KV head h0 + hg / group */
+        const float *qg = qh + hg * hd, *kh = kb + (hg / group) * hd;
+        vf16 part[KEYS];
+        for (int64_t j = 0; j < KEYS; j++) {
+          vf16 s = {0};
+          if (j < nb)
+            for (int64_t c = 0; c < nc; c++) s += load16(qg + 16 * c) * load16(kh + j * stride + 16 * c);
+          part[j] = s;
+        }
+        vf16 sc = sum_lanes16(part) * scale;
+        float *p = p0 + hg * max_keys + j0;
+        if (nb == KEYS)
+          *(vf16 *)p = sc;
+        else
+          for (int64_t j = 0; j < nb; j++) p[j] = sc[j];
+      }
+    }
+    prefetch_rows(v_cache, k0, n, nkv, width, bf16);
+    for (int64_t hg = 0; hg < heads * group; hg++) {
+      float *p = p0 + hg * max_keys, mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+      for (int64_t j = 0; j < n; j++) mx = p[j] > mx ? p[j] : mx;
+      float inv = 1.0f / exp_shifted(p, n, mx);
+      for (int64_t j = 0; j < n; j++) p[j] *= inv;
+      for (int64_t c = 0; c < nc; c++) acc[hg * nc + c] = (vf16){0};
+    }
+    for (int64_t j0 = 0; j0 < n; j0 += KEYS) {
+      int64_t nb = n - j0 < KEYS ? n - j0 : KEYS;
+      const float *vb = bf16 ? blk : (const float *)v_cache + k0 + j0 * nkv;
+      prefetch_rows(v_cache, k0 + (j0 + KEYS) * nkv, n - j0 - KEYS, nkv, width, bf16);
+      if (bf16)
+        for (int64_t j = 0; j < nb; j++) as_f32(v_cache, k0 + (j0 + j) * nkv, width, blk + j * width, 1);
+      for (int64_t hg = 0; hg < heads * group; hg++) {
+        /* in registers within the block, even and odd keys apart: two FMA chains instead of one per chunk */
+        const float *p = p0 + hg * max_keys + j0, *vh = vb + (hg / group) * hd;
+        vf16 *a = acc + hg * nc, even[ATTN_MAX_HD / 16], odd[ATTN_MAX_HD / 16];
+        for (int64_t c = 0; c < nc; c++) even[c] = a[c], odd[c] = (vf16){0};
+        int64_t j = 0;
+        for (; j + 1 < nb; j += 2)
+          for (int64_t c = 0; c < nc; c++) {
+            even[c] += p[j] * load16(vh + j * stride + 16 * c);
+            odd[c] += p[j + 1] * load16(vh + (j + 1) * stride + 16 * c);
+          }
+        if (j < nb)
+          for (int64_t c = 0; c < nc; c++) even[c] += p[j] * load16(vh + j * stride + 16 * c);
+        for (int64_t c = 0; c < nc; c++) a[c] = even[c] + odd[c];
+      }
+    }
+    for (int64_t hg = 0; hg < heads * group; hg++) {
+      int64_t at = t * num_heads * hd + (h0 * group + hg) * hd;
+      const float *a = (const float *)(acc + hg * nc);
+      if (bf16)
+        for (int64_t i = 0; i < hd; i++) ((uint16_t *)out)[at + i] = f32_to_bf16(a[i]);
+      else
+        memcpy((float *)out + at, a, (size_t)hd * sizeof(float));
+    }
+  }
+  free(buf);
+}
+
+/* hd a literal where it is 64 (the chunk loops then unroll into registers), any multiple of 16 otherwise. */
+#define ATTENTION(bf16)                                                                                              \
+  do {                                                                                                               \
+    if (hd == 64)                                                                                                    \
+      attention_generic(T, q, q_stride, k_cache, v_cache, key_row, num_keys, out, probs, num_heads, num_kv_heads, 64, \
+                        scale, max_keys, tid, nthr, bf16);                                                           \
+    else                                                                                                             \
+      attention_generic(T, q, q_stride, k_cache, v_cache, key_row, num_keys, out, probs, num_heads, num_kv_heads, hd, \
+                        scale, max_keys, tid, nthr, bf16);                                                           \
+  } while (0)
+
+static void attention_part(int64_t T, const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
+                           const int64_t *key_row, const int64_t *num_keys, float *out, float *probs,
+                           int64_t num_heads, int64_t num_kv_heads, int64_t hd, float scale, int64_t max_keys,
+                           int64_t tid, int64_t nthr) {
+  ATTENTION(0);
+}
+
+/* attention_f32 / attention_bf16: the above over nt threads. */
+void attention_f32(int64_t T, const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
+                   const int64_t *key_row, const int64_t *num_keys, float *out, float *probs, int64_t num_heads,
+                   int64_t num_kv_heads, int64_t hd, float scale, int64_t max_keys, int64_t nt) {
+#pragma omp parallel num_threads(nt)
+  attention_part(T, q, q_stride, k_cache, v_cache, key_row, num_keys, out, probs, num_heads, num_kv_heads, hd, scale,
+                 max_keys, omp_get_thread_num(), omp_get_num_threads());
+}
+
+void attention_bf16(int64_t T, const uint16_t *q, int64_t q_stride, const uint16_t *k_cache,
+                    const uint16_t *v_cache, const int64_t *key_row, const int64_t *num_keys, uint16_t *out,
+                    float *probs, int64_t num_heads, int64_t num_kv_heads, int64_t hd, float scale, int64_t max_keys,
+                    int64_t nt) {
+#pragma omp parallel num_threads(nt)
+  {
+    int64_t tid = omp_get_thread_num(), nthr = omp_get_num_threads();
+    ATTENTION(1);
+  }
+}
+
+/* ---- The decoder stack for a few fp32 tokens, in place on x, in ONE parallel region. ----
+ * Phases inside a layer meet at a spinning barrier of our own: a parallel region per GEMM cost ~0.2 ms a
+ * layer more when the caller is not the process's main thread (the engine's thread in a server: libgomp's
+ * workers then sleep between regions, each region waking them through the kernel), ~6 ms a SmolLM2 step.
+ * Token t sits at cache row cache_row[t] (slot * max_len + position) and attends to the num_keys[t] rows
+ * from key_row[t] (its slot's first row): causal by position, since the step's K/V are written first.
+ * cos/sin: (T, head_dim) rotary tables; HF's rotate_half convention (pairs i and i + head_dim / 2).
+ * weights: 6 per layer (in_norm, qkv, o, post_norm, gate_up, down; GEMM weights packed); hidden: (L, T, d),
+ * written after layer i where is_hidden[i]; nt: threads (torch.get_num_threads(), passed per call: the
+ * calling thread's OpenMP default is not torch's, e.g. 1 in a Ray worker under OMP_NUM_THREADS=1). */
+
+typedef struct {
+  atomic_int count;
+  atomic_int sense;
+} spin_barrier;
+
+static void barrier_wait(spin_barrier *b, int *local_sense, int n) {
+  *local_sense = !*local_sense;
+  if (atomic_fetch_add(&b->count, 1) == n - 1) {
+    atomic_store(&b->count, 0);
+    atomic_store(&b->sense, *local_sense);
+  } else {
+    for (long spins = 0; atomic_load(&b->sense) != *local_sense; spins++) {
+      if (spins < 200000) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+      } else
+        sched_yield(); /* more threads than cores: let the others run */
+    }
+  }
+}
+
+static void rms_norm_rows(const float *restrict x, const float *restrict w, float *restrict out, int64_t rows,
+                          int64_t d, float eps) {
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = x + r * d;
+    float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < d; i++) ss += xr[i] * xr[i];
+    float inv = 1.0f / sqrtf(ss / (float)d + eps);
+#pragma omp simd
+    for (int64_t i = 0; i < d; i++) out[r * d + i] = w[i] * (xr[i] * inv);
+  }
+}
+
+static void rotate(float *restrict v, const float *restrict cos, const float *restrict sin, int64_t hd) {
+  int64_t half = hd / 2;
+  for (int64_t i = 0; i < half; i++) {
+    float a = v[i], b = v[i + half];
+    v[i] = a * cos[i] - b * sin[i];
+    v[i + half] = b * cos[i + half] + a * sin[i + half];
+  }
+}
+
+void decoder_stack_f32(int64_t T, float *restrict x, float *restrict scratch, int64_t num_layers,
+                       const int64_t *weights, const int64_t *k_caches, const int64_t *v_caches,
+                       const int64_t *cache_row, const int64_t *key_row, const int64_t *num_keys, const float *cos,
+                       const float *sin, int64_t d, int64_t num_heads, int64_t num_kv_heads, int64_t hd,
+                       int64_t inter, float eps, float scale, int64_t max_keys, float *hidden,
+                       const int64_t *is_hidden, int64_t nt) {
+  int64_t nq = num_heads * hd, nkv = num_kv_heads * hd, nqkv = nq + 2 * nkv;
+  /* scratch: h (T, d) | qkv (T, nqkv) | attn (T, nq) | gate_up (T, 2 inter) | act (T, inter) | probs */
+  float *h = scratch, *qkv = h + T * d, *attn = qkv + T * nqkv, *gu = attn + T * nq, *act = gu + T * 2 * inter;
+  float *probs = act + T * inter; /* (T * num_heads, max_keys) */
+  spin_barrier bar;
+  atomic_init(&bar.count, 0);
+  atomic_init(&bar.sense, 0);
+#pragma omp parallel num_threads(nt)
+  {
+    int tid = omp_get_thread_num(), n = omp_get_num_threads(), sense = 0;
+    for (int64_t l = 0; l < num_layers; l++) {
+      const float *in_norm = (const float *)weights[6 * l], *w_qkv = (const float *)weights[6 * l + 1];
+      const float *w_o = (const float *)weights[6 * l + 2], *post_norm = (const float *)weights[6 * l + 3];
+      const float *w_gate_up = (const float *)weights[6 * l + 4], *w_down = (const float *)weights[6 * l + 5];
+      float *k_cache = (float *)k_caches[l], *v_cache = (float *)v_caches[l];
+      if (tid == 0) rms_norm_rows(x, in_norm, h, T, d, eps);
+      barrier_wait(&bar, &sense, n);
+      gemm_part(h, w_qkv, qkv, T, d, nqkv, tid, n);
+      barrier_wait(&bar, &sense, n);
+      if (tid == 0)
+        for (int64_t t = 0; t < T; t++) {
+          float *row = qkv + t * nqkv;
+          for (int64_t hh = 0; hh < num_heads + num_kv_heads; hh++)
+            rotate(row + hh * hd, cos + t * hd, sin + t * hd, hd);
+          memcpy(k_cache + cache_row[t] * nkv, row + nq, (size_t)nkv * sizeof(float));
+          memcpy(v_cache + cache_row[t] * nkv, row + nq + nkv, (size_t)nkv * sizeof(float));
+        }
+      barrier_wait(&bar, &sense, n);
+      attention_part(T, qkv, nqkv, k_cache, v_cache, key_row, num_keys, attn, probs, num_heads, num_kv_heads, hd,
+                     scale, max_keys, tid, n);
+      barrier_wait(&bar, &sense, n);
+      gemm_part(attn, w_o, h, T, nq, d, tid, n);
+      barrier_wait(&bar, &sense, n);
+      if (tid == 0) {
+        for (int64_t i = 0; i < T * d; i++) x[i] += h[i];
+        rms_norm_rows(x, post_norm, h, T, d, eps);
+      }
+      barrier_wait(&bar, &sense, n);
+      gemm_part(h, w_gate_up, gu, T, d, 2 * inter, tid, n);
+      barrier_wait(&bar, &sense, n);
+      for (int64_t t = 0; t < T; t++) {
+        const float *g = gu + t * 2 * inter, *u = g + inter;
+        float *a = act + t * inter;
+        int64_t chunk = (inter + n - 1) / n, lo = tid * chunk, hi = lo + chunk < inter ? lo + chunk : inter;
+        silu_mul_range(g, u, a, lo, hi);
+      }
+      barrier_wait(&bar, &sense, n);
+      gemm_part(act, w_down, h, T, inter, d, tid, n);
+      barrier_wait(&bar, &sense, n);
+      if (tid == 0) {
+        for (int64_t i = 0; i < T * d; i++) x[i] += h[i];
+        if (is_hidden[l]) memcpy(hidden + l * T * d, x, (size_t)(T * d) * sizeof(float));
+      }
+      barrier_wait(&bar, &sense, n);
+    }
+  }
+}
+
+/* ---- The plain sampler's passes over whole rows (spec/nucleus.py), rows in parallel. ----
+ * Row r of logits (rows, V), fp32 or bf16: its argmax (first of equal maxima), the total of
+ * w_j = exp((x_j - max) / temp[r]) (fp32 terms summed in double), and the candidates j with
+ * w_j > frac[r] * total, in ascending j, up to `cap` of them (cand_count[r] is the full count: a row with more
+ * is the caller's to take another way). temp[r] = 0 marks a greedy row: its argmax only. scratch: nt * V
+ * floats. One read of the row and two passes over an fp32 copy in cache, where PyTorch took ~9 passes. */
+void nucleus_candidates(int64_t rows, int64_t V, const void *logits, int64_t bf16, const float *temp,
+                        const double *frac, int64_t *argmax, double *total, int64_t cap, int32_t *cand_idx,
+                        float *cand_w, int64_t *cand_count, float *scratch, int64_t nt) {
+#pragma omp parallel num_threads(nt)
+  {
+    float *w = scratch + (int64_t)omp_get_thread_num() * V;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t r = 0; r < rows; r++) {
+      if (bf16)
+        as_f32(logits, r * V, V, w, 1);
+      else
+        memcpy(w, (const float *)logits + r * V, (size_t)V * sizeof(float));
+      float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+      for (int64_t j = 0; j < V; j++) mx = w[j] > mx ? w[j] : mx;
+      int64_t best = 0;
+      while (best < V - 1 && w[best] != mx) best++;
+      argmax[r] = best;
+      cand_count[r] = 0;
+      total[r] = 0.0;
+      float tr = temp[r];
+      if (tr == 0.f) continue;
+      double sum = 0.0;
+      int64_t j = 0;
+      for (; j + 16 <= V; j += 16) {
+        vf16 e = exp_le0((*(vf16 *)(w + j) - mx) / tr);
+        *(vf16 *)(w + j) = e;
+        float part = 0.f;
+        for (int i = 0; i < 16; i++) part += e[i];
+        sum += part;
+      }
+      for (; j < V; j++) {
+        vf16 t = {0};
+        t[0] = (w[j] - mx) / tr;
+        t = exp_le0(t);
+        w[j] = t[0];
+        sum += t[0];
+      }
+      total[r] = sum;
+      float thr = (float)(frac[r] * sum);
+      int64_t count = 0;
+      for (j = 0; j < V; j += 16) {
+        int64_t end = j + 16 < V ? j + 16 : V;
+        int any = 0;
+        for (int64_t i = j; i < end; i++) any |= w[i] > thr;
+        if (!any) continue;
+        for (int64_t i = j; i < end; i++)
+          if (w[i] > thr) {
+            if (count < cap) {
+              cand_idx[r * cap + count] = (int32_t)i;
+              cand_w[r * cap + count] = w[i];
+            }
+            count++;
+          }
+      }
+      cand_count[r] = count;
+    }
+  }
+}
+
+/* ---- Rotary embedding and the K/V cache write of a step, in place on its q|k|v rows (fp32 or bf16). ----
+ * qkv (T, (num_heads + 2 num_kv_heads) * hd): q and k heads rotated by cos/sin (T, hd; HF's rotate_half pairs
+ * i and i + hd / 2), computed in fp32 and rounded once; k and v then copied to cache row cache_row[t] of the
+ * (rows, num_kv_heads, hd) caches. Replaces ~8 PyTorch ops a layer (mul, neg, cat, add, the index copies). */
+static inline __attribute__((always_inline)) void rotary_write_generic(
+    int64_t T, void *qkv, const void *cos, const void *sin, void *k_cache, void *v_cache, const int64_t *cache_row,
+    int64_t num_heads, int64_t num_kv_heads, int64_t hd, int64_t nt, int bf16) {
+  int64_t width = (num_heads + 2 * num_kv_heads) * hd, nkv = num_kv_heads * hd, half = hd / 2;
+  size_t esize = bf16 ? 2 : 4;
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t t = 0; t < T; t++) {
+    float cbuf[ATTN_MAX_HD], sbuf[ATTN_MAX_HD], v[ATTN_MAX_HD], out[ATTN_MAX_HD];
+    const float *c = as_f32(cos, t * hd, hd, cbuf, bf16), *s = as_f32(sin, t * hd, hd, sbuf, bf16);
+    for (int64_t h = 0; h < num_heads + num_kv_heads; h++) {
+      int64_t at = t * width + h * hd;
+      const float *x = as_f32(qkv, at, hd, v, bf16);
+      for (int64_t i = 0; i < half; i++) {
+        out[i] = x[i] * c[i] - x[i + half] * s[i];
+        out[i + half] = x[i + half] * c[i + half] + x[i] * s[i + half];
+      }
+      if (bf16)
+        for (int64_t i = 0; i < hd; i++) ((uint16_t *)qkv)[at + i] = f32_to_bf16(out[i]);
+      else
+        memcpy((float *)qkv + at, out, (size_t)hd * sizeof(float));
+    }
+    char *row = (char *)qkv + (t * width + num_heads * hd) * esize;
+    memcpy((char *)k_cache + cache_row[t] * nkv * esize, row, (size_t)nkv * esize);
+    memcpy((char *)v_cache + cache_row[t] * nkv * esize, row + nkv * esize, (size_t)nkv * esize);
+  }
+}
+
+void rotary_cache_write(int64_t T, void *qkv, const void *cos, const void *sin, void *k_cache, void *v_cache,
+                        const int64_t *cache_row, int64_t num_heads, int64_t num_kv_heads, int64_t hd, int64_t bf16,
+                        int64_t nt) {
+  if (bf16)
+    rotary_write_generic(T, qkv, cos, sin, k_cache, v_cache, cache_row, num_heads, num_kv_heads, hd, nt, 1);
+  else
+    rotary_write_generic(T, qkv, cos, sin, k_cache, v_cache, cache_row, num_heads, num_kv_heads, hd, nt, 0);
+}
+
+/* ---- The MLP's SiLU(gate) * up for fp32 rows gate_up (T, 2 inter) -> out (T, inter), rows in parallel. ---- */
+void silu_mul_f32(int64_t T, const float *gate_up, float *out, int64_t inter, int64_t nt) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t t = 0; t < T; t++)
+    silu_mul_range(gate_up + t * 2 * inter, gate_up + t * 2 * inter + inter, out + t * inter, 0, inter);
+}
+
+/* ---- RMSNorm of fp32 rows x (T, d) with weight w -> out, rows in parallel. ---- */
+void rms_norm_f32(int64_t T, const float *x, const float *w, float *out, int64_t d, float eps, int64_t nt) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t t = 0; t < T; t++) rms_norm_rows(x + t * d, w, out + t * d, 1, d, eps);
+}

@@ -1,0 +1,240 @@
+/* Suffix proposer kernels (dspark/kernels/suffix_native.py): match the longest context suffix of a request
+ * in a token text and walk its most frequent continuation. No allocation, no globals: pure functions over
+ * caller-owned arrays, so one index is shared read-only by every request of a replica.
+ *
+ * Texts are int32 token ids; -1 separates documents (a match never crosses one; a walk stops at one).
+ *
+ * Global index: `sa` lists text positions sorted by the (up to `depth`) tokens that follow them, ties by
+ * position. The positions whose suffix starts with a pattern P are one contiguous run of `sa`; those
+ * continuing P with token t are a contiguous sub-run, because the sort is lexicographic. So the walk is
+ * binary searches over runs, and the most frequent continuation of a large run is found from a strided
+ * sample of it (sorted: a token holding a share s of the run holds ~s of the samples) and then counted
+ * exactly with two binary searches.
+ *
+ * Per-request index: the request's own text (prompt + output), scanned: every earlier occurrence of the
+ * context suffix, their next tokens counted, the most frequent one taken (ties: the most recent).
+ */
+#include <stdint.h>
+
+/* compare the pattern p[0..m) with the text at position s: <0, 0 (p is a prefix there), >0 */
+static int cmp_at(const int32_t *text, int64_t n_text, int64_t s, const int32_t *p, int64_t m) {
+    for (int64_t i = 0; i < m; i++) {
+        int64_t j = s + i;
+        int32_t t = j < n_text ? text[j] : -1;
+        if (t != p[i]) return t < p[i] ? -1 : 1;
+    }
+    return 0;
+}
+
+static int32_t token_at(const int32_t *text, int64_t n_text, int64_t j) { return j < n_text ? text[j] : -1; }
+
+/* The calibrated conditional survival of an emitted token: the cell (f, n, m, k) of a table laid out as
+ * spec/source_calibration.py's `SourceTable.freeze` lays it out (f in tenths, n = ceil(log2 count) capped at
+ * 6, m in 6 bands of context length, k = position capped at 3), or the raw frequency without a table.
+ * Binning is done in double, as Python does it, so both sides pick the same cell. */
+static float survival_of(const float *table, float freq, int64_t count, int64_t match, int64_t pos) {
+    double fd = (double)freq;
+    if (table == 0) return fd < 0.01 ? 0.01f : fd > 0.99 ? 0.99f : (float)fd;
+    int64_t f = (int64_t)(fd * 10.0);
+    if (f > 9) f = 9;
+    if (f < 0) f = 0;
+    int64_t n = 0;
+    while (n < 6 && ((int64_t)1 << n) < count) n++;
+    int64_t m = match <= 1 ? 0 : match == 2 ? 1 : match == 3 ? 2 : match <= 5 ? 3 : match <= 8 ? 4 : 5;
+    int64_t k = pos > 3 ? 3 : pos;
+    return table[((f * 7 + n) * 6 + m) * 4 + k];
+}
+
+/* [lo, hi) of sa whose suffixes start with p[0..m), searched within [lo0, hi0) */
+static void run_of(const int32_t *text, int64_t n_text, const int32_t *sa, int64_t lo0, int64_t hi0,
+                   const int32_t *p, int64_t m, int64_t *lo_out, int64_t *hi_out) {
+    int64_t lo = lo0, hi = hi0;
+    while (lo < hi) { /* first suffix >= p */
+        int64_t mid = lo + (hi - lo) / 2;
+        if (cmp_at(text, n_text, sa[mid], p, m) < 0) lo = mid + 1; else hi = mid;
+    }
+    int64_t first = lo;
+    hi = hi0;
+    while (lo < hi) { /* first suffix > p (p not a prefix) */
+        int64_t mid = lo + (hi - lo) / 2;
+        if (cmp_at(text, n_text, sa[mid], p, m) <= 0) lo = mid + 1; else hi = mid;
+    }
+    *lo_out = first;
+    *hi_out = lo;
+}
+
+/* Walk the most frequent continuation of the context suffix in the global index.
+ * ctx[0..n_ctx): the request's last tokens (oldest first). Tries context lengths max_ctx..min_ctx and keeps
+ * the longest with a continuation. Emits up to max_tokens tokens while the path probability (product of
+ * conditional frequencies) stays >= min_path_prob. Per emitted token k: out_freq[k] = its count / the
+ * count of its context, out_count[k] = the count of its context (support), out_match[k] = that context's
+ * length. Returns the number of tokens emitted. */
+int64_t suffix_walk(const int32_t *text, int64_t n_text, const int32_t *sa, int64_t n_sa,
+                    const int32_t *ctx, int64_t n_ctx, int64_t min_ctx, int64_t max_ctx, int64_t depth,
+                    int64_t max_tokens, float min_path_prob, int64_t num_samples,
+                    int32_t *out_tokens, float *out_freq, int32_t *out_count, int32_t *out_match,
+                    const float *table, float *out_conf) {
+    if (n_sa == 0 || n_ctx <= 0) return 0;
+    int32_t pat[256];
+    int64_t lo = 0, hi = 0, m = 0;
+    if (max_ctx > n_ctx) max_ctx = n_ctx;
+    if (max_ctx > 128) max_ctx = 128;
+    for (int64_t len = max_ctx; len >= min_ctx && len >= 1; len--) {
+        int contains_sep = 0;
+        for (int64_t i = 0; i < len; i++) contains_sep |= ctx[n_ctx - len + i] < 0;
+        if (contains_sep) continue;
+        int64_t a, b;
+        run_of(text, n_text, sa, 0, n_sa, ctx + n_ctx - len, len, &a, &b);
+        /* a run is sorted by next token and the separator sorts first: its last entry has a real next
+         * token iff any entry has one */
+        if (b > a && token_at(text, n_text, (int64_t)sa[b - 1] + len) >= 0) {
+            for (int64_t i = 0; i < len; i++) pat[i] = ctx[n_ctx - len + i];
+            lo = a; hi = b; m = len;
+            break;
+        }
+    }
+    if (m == 0) return 0;
+    int64_t k = 0;
+    float path = 1.0f;
+    while (k < max_tokens && m < depth && m < 255) {
+        int64_t run = hi - lo;
+        int32_t best = -1;
+        if (run <= num_samples) { /* exact: the longest group of equal next tokens */
+            int64_t best_n = 0, i = lo;
+            while (i < hi) {
+                int32_t t = token_at(text, n_text, (int64_t)sa[i] + m);
+                int64_t j = i + 1;
+                while (j < hi && token_at(text, n_text, (int64_t)sa[j] + m) == t) j++;
+                if (t >= 0 && j - i > best_n) { best_n = j - i; best = t; }
+                i = j;
+            }
+        } else { /* strided sample; the winner is counted exactly below */
+            int64_t best_n = 0, cur_n = 0;
+            int32_t cur = -2;
+            for (int64_t s = 0; s < num_samples; s++) {
+                int64_t i = lo + (run * s + run / 2) / num_samples;
+                int32_t t = token_at(text, n_text, (int64_t)sa[i] + m);
+                if (t == cur) cur_n++; else { cur = t; cur_n = 1; }
+                if (t >= 0 && cur_n > best_n) { best_n = cur_n; best = t; }
+            }
+        }
+        if (best < 0) break;
+        pat[m] = best;
+        int64_t a, b;
+        run_of(text, n_text, sa, lo, hi, pat, m + 1, &a, &b);
+        float freq = (float)(b - a) / (float)run;
+        path *= freq;
+        if (path < min_path_prob) break;
+        out_tokens[k] = best;
+        out_freq[k] = freq;
+        out_count[k] = (int32_t)(run > 2147483647 ? 2147483647 : run);
+        out_match[k] = (int32_t)m;
+        out_conf[k] = survival_of(table, freq, out_count[k], m, k);
+        k++;
+        lo = a; hi = b; m++;
+    }
+    return k;
+}
+
+/* The same walk over one request's own text seq[0..n): occurrences of the context suffix (the last `len`
+ * tokens, len from max_ctx down to min_ctx) that have a next token; the most frequent next token (ties: the
+ * most recent occurrence's) is emitted and the set narrowed to the occurrences it continues.
+ * work: int64 scratch of max_occurrences entries. */
+int64_t request_walk(const int32_t *seq, int64_t n, int64_t min_ctx, int64_t max_ctx, int64_t max_tokens,
+                     float min_path_prob, int64_t max_occurrences, int64_t *work, int32_t *out_tokens, float *out_freq,
+                     int32_t *out_count, int32_t *out_match, const float *table, float *out_conf) {
+    if (n < 2) return 0;
+    int64_t num = 0, m = 0;
+    if (max_ctx > n - 1) max_ctx = n - 1;
+    for (int64_t len = max_ctx; len >= min_ctx && len >= 1; len--) {
+        const int32_t *suf = seq + n - len;
+        num = 0;
+        /* occurrences starting at s with s + len < n (a next token exists), the suffix itself excluded */
+        for (int64_t s = n - len - 1; s >= 0; s--) {
+            int64_t i = 0;
+            while (i < len && seq[s + i] == suf[i]) i++;
+            if (i == len) work[num++] = s + len; /* position of the next token; most recent first */
+            if (num == max_occurrences) break; /* bounded work: the most recent ones */
+        }
+        if (num > 0) { m = len; break; }
+    }
+    if (num == 0) return 0;
+    int64_t k = 0;
+    float path = 1.0f;
+    while (k < max_tokens && num > 0) {
+        /* most frequent next token; ties go to the most recent (work is most recent first) */
+        int32_t best = -1;
+        int64_t best_n = 0;
+        for (int64_t a = 0; a < num; a++) {
+            if (work[a] >= n) continue;
+            int32_t t = seq[work[a]];
+            int first = 1;
+            for (int64_t b = 0; b < a && first; b++) first = !(work[b] < n && seq[work[b]] == t);
+            if (!first) continue;
+            int64_t c = 0;
+            for (int64_t b = a; b < num; b++) c += work[b] < n && seq[work[b]] == t;
+            if (c > best_n) { best_n = c; best = t; }
+        }
+        if (best < 0) break;
+        float freq = (float)best_n / (float)num;
+        path *= freq;
+        if (path < min_path_prob) break;
+        out_tokens[k] = best;
+        out_freq[k] = freq;
+        out_count[k] = (int32_t)num;
+        out_match[k] = (int32_t)m;
+        out_conf[k] = survival_of(table, freq, num, m, k);
+        k++;
+        int64_t kept = 0;
+        for (int64_t a = 0; a < num; a++)
+            if (work[a] < n && seq[work[a]] == best) work[kept++] = work[a] + 1;
+        num = kept;
+        m++;
+    }
+    return k;
+}
+
+/* One proposal round for R requests, every source, in one call (what SuffixDrafter.propose runs).
+ * Sources: 0 = the request's own text, 1 = the global index, 2 = the request's tenant's served text.
+ * Request r's text is the int32 array at seq_ptrs[r] of length seq_lens[r]; the global index is (text, sa)
+ * (n_sa = 0: none); request r's served index is (served[4r] text ptr, served[4r+1] length, served[4r+2] sa
+ * ptr, served[4r+3] length; a zero length: none). tables[3r + s] is the calibration table of request r and
+ * source s for its regime, or 0 (raw frequency). Outputs, per (r, s): out_k (tokens emitted) and
+ * out_expected (sum_k prod_{i<=k} c_i); per (r, s, j < max_tokens): the walk's tokens, freq, count, match,
+ * conf; per r: out_chosen, the source with the most expected tokens (ties: the lower source), -1 for none. */
+void propose_batch(int64_t R, const int64_t *seq_ptrs, const int64_t *seq_lens,
+                   const int32_t *text, int64_t n_text, const int32_t *sa, int64_t n_sa, const int64_t *served,
+                   int64_t depth, int64_t min_ctx, int64_t max_ctx, int64_t req_min_ctx, int64_t req_max_ctx,
+                   int64_t max_tokens, float min_path_prob, int64_t num_samples, int64_t max_occurrences,
+                   int64_t *work, int64_t use_request, int64_t use_corpus, int64_t use_served, const int64_t *tables,
+                   int32_t *out_tokens, float *out_freq, int32_t *out_count, int32_t *out_match, float *out_conf,
+                   int64_t *out_k, float *out_expected, int64_t *out_chosen) {
+    for (int64_t r = 0; r < R; r++) {
+        const int32_t *seq = (const int32_t *)seq_ptrs[r];
+        int64_t n = seq_lens[r];
+        int64_t c = n < max_ctx ? n : max_ctx;
+        int64_t best = -1;
+        for (int64_t s = 0; s < 3; s++) {
+            int64_t o = (r * 3 + s) * max_tokens, k = 0;
+            const float *table = (const float *)tables[r * 3 + s];
+            if (s == 0 && use_request)
+                k = request_walk(seq, n, req_min_ctx, req_max_ctx, max_tokens, min_path_prob, max_occurrences, work,
+                                 out_tokens + o, out_freq + o, out_count + o, out_match + o, table, out_conf + o);
+            else if (s == 1 && use_corpus && n_sa > 0)
+                k = suffix_walk(text, n_text, sa, n_sa, seq + n - c, c, min_ctx, max_ctx, depth, max_tokens,
+                                min_path_prob, num_samples, out_tokens + o, out_freq + o, out_count + o, out_match + o,
+                                table, out_conf + o);
+            else if (s == 2 && use_served && served[4 * r + 3] > 0)
+                k = suffix_walk((const int32_t *)served[4 * r], served[4 * r + 1], (const int32_t *)served[4 * r + 2],
+                                served[4 * r + 3], seq + n - c, c, min_ctx, max_ctx, depth, max_tokens, min_path_prob,
+                                num_samples, out_tokens + o, out_freq + o, out_count + o, out_match + o, table,
+                                out_conf + o);
+            float expected = 0.0f, path = 1.0f;
+            for (int64_t j = 0; j < k; j++) { path *= out_conf[o + j]; expected += path; }
+            out_k[r * 3 + s] = k;
+            out_expected[r * 3 + s] = expected;
+            if (k > 0 && (best < 0 || expected > out_expected[r * 3 + best])) best = s;
+        }
+        out_chosen[r] = best;
+    }
+}

@@ -1,0 +1,75 @@
+"""The drafter interface: what every draft model (n-gram, oracle, DSpark, baselines) implements."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    pass
+
+
+@dataclass
+class DraftRequest:
+    """What a drafter sees of one running request at a step."""
+
+    request_id: str
+    token_ids: list[int]  # prompt + output so far; the last one is not yet verified-into the cache
+    temperature: float
+    tenant: str = ""  # who the request is for (see SamplingParams.tenant)
+
+
+@dataclass
+class DraftOutput:
+    """One draft round for a batch of requests (index r matches the DraftRequest list)."""
+
+    tokens: list[list[int]]  # k_r ≤ max_num_tokens draft tokens per request
+    # per request (k_r, V): the distributions sampled from; None = deterministic drafts
+    probs: list[torch.Tensor] | None = None
+    confidences: list[list[float]] | None = None  # per request c_{r,1..k_r}: P(accept k | 1..k-1 accepted)
+    # drafters with several sources (suffix, hybrid): which one drafted each request ("" = none), and how
+    # many proposals each source made this round (chosen or not); for per-source metrics
+    sources: list[str] | None = None
+    num_proposals: dict[str, int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.probs is not None and len(self.probs) != len(self.tokens):
+            raise ValueError("probs must have one entry per request")
+        if self.confidences is not None and len(self.confidences) != len(self.tokens):
+            raise ValueError("confidences must have one entry per request")
+        if self.sources is not None and len(self.sources) != len(self.tokens):
+            raise ValueError("sources must have one entry per request")
+
+
+class Drafter(Protocol):
+    name: str
+
+    def propose(self, requests: list[DraftRequest], max_num_tokens: int) -> DraftOutput:
+        """Draft up to max_num_tokens tokens following each request's token_ids."""
+        ...
+
+    def release(self, request_id: str) -> None:
+        """Forget per-request state once a request leaves the engine."""
+        ...
+
+
+class FeatureDrafter(Drafter, Protocol):
+    """A drafter conditioned on target hidden states (DSpark, DFlash, EAGLE-3, MTP).
+
+    The engine runs the target with `hidden_layers` tapped (HF hidden_states indices: 0 = embeddings)
+    and, after prefill and after every verification, calls `observe` with the concatenated features
+    of exactly the tokens that entered the target's KV cache, in position order.
+    """
+
+    hidden_layers: tuple[int, ...]
+
+    def observe(self, request_id: str, features: torch.Tensor) -> None:
+        """features: (n, len(hidden_layers) * D_target) for the request's next n cache positions."""
+        ...
+
+
+CHECKPOINTS_DIR = Path(__file__).resolve().parents[3] / "checkpoints"
+DEFAULT_CHECKPOINTS = {name: CHECKPOINTS_DIR / f"{name}-smollm2" for name in ("dspark", "dflash", "eagle3", "mtp1")}

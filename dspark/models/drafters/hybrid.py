@@ -1,0 +1,183 @@
+"""HybridDrafter (`drafter: hybrid`): the cheap sources first, DSpark only where its draft pays for itself.
+
+Per request and step:
+1. the suffix drafter's sources (the request's own text, the global index of the target's text) propose
+   at almost no cost, each with calibrated survival; the better one has E_c expected accepted tokens;
+2. DSpark's forward runs only for the requests where (1 + E_d) > (1 + E_c) · (1 + ρ): E_d is the accepted
+   tokens of DSpark's recent verified rounds (per regime, a decayed mean; a prior until it has rounds) and
+   ρ the measured cost of a DSpark round relative to the rest of the step (its drafting time over the step
+   interval), i.e. where DSpark's tokens per unit time beat the free draft's;
+3. each request's chosen draft and its survival curve go to the prefix scheduler, which sets ℓ_r.
+
+Why this is lossless: the choice of source for a request depends only on its context (the cheap drafts
+and their calibrated survival are deterministic functions of its tokens) and on statistics of earlier,
+already verified rounds. It is made before DSpark samples anything, so no sampled draft token can decide
+whether it is itself verified (the failure mode of the paper's Appendix A). Whatever source is chosen,
+verification accepts its tokens by min(1, p/q) (q a point mass for the deterministic sources, DSpark's
+own distribution for its samples) and resamples the residual, so every source's output is the target's
+distribution; a mixture of sources chosen independently of the draft's randomness is too.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict
+
+import torch
+
+from dspark.models.drafters.base import DEFAULT_CHECKPOINTS, DraftOutput, DraftRequest, FeatureDrafter
+from dspark.models.drafters.suffix.drafter import DEFAULT_SUFFIX_DIR, Proposal, SourceStats, SuffixDrafter
+from dspark.models.target.loader import TargetModel
+from dspark.spec.source_calibration import regime_of
+
+log = logging.getLogger(__name__)
+
+_PRIOR_MODEL_TOKENS = {"greedy": 0.8, "sampled": 0.6}  # DSpark's τ − 1 in `dspark eval` (1.8 / 1.6)
+_DECAY = 0.98
+
+
+class HybridDrafter:
+    """Suffix sources and (optionally) a feature drafter, chosen per request (a `FeatureDrafter`)."""
+
+    name = "hybrid"
+
+    def __init__(self, suffix: SuffixDrafter, model: FeatureDrafter | None = None, vocab_size: int | None = None,
+                 model_cost_ratio: float | None = None) -> None:
+        self.suffix = suffix
+        self.feature_drafter = model
+        self.vocab_size = vocab_size
+        self.hidden_layers: tuple[int, ...] = tuple(getattr(model, "hidden_layers", ())) if model else ()
+        self.block_size = getattr(model, "block_size", 7)
+        self._fixed_ratio = model_cost_ratio  # tests and what-ifs; None: measured
+        # decayed sums per regime: DSpark's accepted tokens and rounds (seeded with one prior round)
+        self._model_acc = dict(_PRIOR_MODEL_TOKENS)
+        self._model_rounds = {r: 1.0 for r in _PRIOR_MODEL_TOKENS}
+        self._model_ms = 0.0  # decayed mean of a DSpark round's drafting time
+        self._step_ms = 0.0  # decayed mean of the interval between two proposals (the whole step)
+        self._last_propose: float | None = None
+        self._chosen_model: dict[str, float] = {}  # request id -> temperature, of this round's DSpark drafts
+        self.model_stats = SourceStats()
+
+    @classmethod
+    def build(cls, target: TargetModel, path: str | None = None, suffix_path: str | None = None,
+              use_model: bool = True, **suffix_overrides: object) -> HybridDrafter:
+        """The suffix drafter from `suffix_path` and DSpark from `path` (default: the shipped ones); without a
+        DSpark checkpoint the hybrid is the suffix sources alone (logged)."""
+        from dspark.models.drafters.dspark.drafter import DSparkDrafter
+
+        suffix = SuffixDrafter.from_pretrained(suffix_path or DEFAULT_SUFFIX_DIR, **suffix_overrides)
+        model = None
+        ckpt = path or DEFAULT_CHECKPOINTS["dspark"]
+        if use_model:
+            try:
+                model = DSparkDrafter.from_pretrained(ckpt, target)
+            except (OSError, ValueError) as exc:
+                log.warning("hybrid drafter without DSpark (%s): suffix sources only", exc)
+        return cls(suffix, model, target.model.config.vocab_size)
+
+    # ---- the FeatureDrafter interface ------------------------------------------------------------
+    def observe(self, request_id: str, features: torch.Tensor) -> None:
+        if self.feature_drafter is not None:
+            self.feature_drafter.observe(request_id, features)
+
+    def propose(self, requests: list[DraftRequest], max_num_tokens: int) -> DraftOutput:
+        now = time.perf_counter()
+        if self._last_propose is not None:
+            self._step_ms = _DECAY * self._step_ms + (1 - _DECAY) * (now - self._last_propose) * 1e3 \
+                if self._step_ms else (now - self._last_propose) * 1e3
+        self._last_propose = now
+        before = {s: v.num_proposals for s, v in self.suffix.stats.items()}
+        cheap: list[Proposal | None] = self.suffix.choose_batch(requests, max_num_tokens)
+        use_model = [self._model_pays(p, r.temperature) for p, r in zip(cheap, requests)]
+        tokens: list[list[int]] = [p.walk.tokens if p else [] for p in cheap]
+        sources = [p.source if p else "" for p in cheap]
+        confidences: list[list[float]] = [p.conditional if p else [] for p in cheap]
+        probs: list[torch.Tensor] | None = None
+        for r in requests:  # per request: the latest round's choice, until its verdict or release
+            self.suffix.last.pop(r.request_id, None)
+            self._chosen_model.pop(r.request_id, None)
+        picked = [i for i, m in enumerate(use_model) if m]
+        if picked:
+            t0 = time.perf_counter()
+            out = self.feature_drafter.propose([requests[i] for i in picked], max_num_tokens)  # type: ignore[union-attr]
+            ms = (time.perf_counter() - t0) * 1e3
+            self._model_ms = _DECAY * self._model_ms + (1 - _DECAY) * ms if self._model_ms else ms
+            for j, i in enumerate(picked):
+                tokens[i] = out.tokens[j]
+                confidences[i] = out.confidences[j] if out.confidences is not None else [0.5] * len(out.tokens[j])
+                self._chosen_model[requests[i].request_id] = requests[i].temperature
+                sources[i] = "dspark" if tokens[i] else ""
+            if out.probs is not None:
+                probs = self._point_masses(tokens)
+                for j, i in enumerate(picked):
+                    probs[i] = out.probs[j]
+        for i, (p, m) in enumerate(zip(cheap, use_model)):
+            if p is not None and not m:
+                self.suffix.stats[p.source].num_chosen += 1
+                self.suffix.last[requests[i].request_id] = p
+        self.model_stats.num_proposals += len(picked)
+        self.model_stats.num_chosen += len(picked)
+        proposals = {s: v.num_proposals - before[s] for s, v in self.suffix.stats.items()}
+        proposals["dspark"] = len(picked)
+        return DraftOutput(tokens=tokens, probs=probs, confidences=confidences, sources=sources,
+                           num_proposals=proposals)
+
+    def _point_masses(self, tokens: list[list[int]]) -> list[torch.Tensor]:
+        """One-hot q rows (k, V) for the deterministic drafts of a batch whose sampled drafts carry q."""
+        vocab = int(self.vocab_size or 0)
+        out = []
+        for t in tokens:
+            q = torch.zeros(len(t), vocab)
+            if t:
+                q[torch.arange(len(t)), torch.tensor(t)] = 1.0
+            out.append(q)
+        return out
+
+    def _model_pays(self, cheap: Proposal | None, temperature: float) -> bool:
+        """DSpark's expected tokens per unit time beat the free draft's (see the module docstring)."""
+        if self.feature_drafter is None:
+            return False
+        regime = regime_of(temperature)
+        model_tokens = self._model_acc[regime] / self._model_rounds[regime]
+        cheap_tokens = cheap.expected_tokens if cheap is not None else 0.0
+        return (1.0 + model_tokens) > (1.0 + cheap_tokens) * (1.0 + self.model_cost_ratio)
+
+    @property
+    def model_cost_ratio(self) -> float:
+        """A DSpark round's drafting time over the rest of the step (measured; 0.25 until measured)."""
+        if self._fixed_ratio is not None:
+            return self._fixed_ratio
+        if not self._model_ms or not self._step_ms:
+            return 0.25
+        return self._model_ms / max(1e-3, self._step_ms - self._model_ms)
+
+    def feedback(self, request_ids: list[str], num_verified: list[int], num_accepted: list[int]) -> None:
+        """The engine's verdict on the latest round: per-source counts, and DSpark's accepted tokens per
+        verified round (per regime) for the next rounds' choices."""
+        self.suffix.feedback(request_ids, num_verified, num_accepted)
+        for rid, n_ver, n_acc in zip(request_ids, num_verified, num_accepted):
+            temperature = self._chosen_model.get(rid)
+            if temperature is None or n_ver == 0:
+                continue
+            s = self.model_stats
+            s.num_verified += n_ver
+            s.num_accepted += n_acc
+            for k in range(min(n_acc, len(s.accepted_by_position))):
+                s.accepted_by_position[k] += 1
+            regime = regime_of(temperature)
+            self._model_acc[regime] = _DECAY * self._model_acc[regime] + n_acc
+            self._model_rounds[regime] = _DECAY * self._model_rounds[regime] + 1.0
+
+    def source_stats(self) -> dict[str, dict]:
+        return {**self.suffix.source_stats(), "dspark": asdict(self.model_stats)}
+
+    def reset_stats(self) -> None:
+        self.suffix.reset_stats()
+        self.model_stats = SourceStats()
+
+    def release(self, request_id: str) -> None:
+        self.suffix.release(request_id)
+        self._chosen_model.pop(request_id, None)
+        if self.feature_drafter is not None:
+            self.feature_drafter.release(request_id)

@@ -1,0 +1,246 @@
+"""SuffixDrafter: training-free drafts from the target's own text, with calibrated survival per source.
+
+Two sources propose for every request and step, at almost no cost (C walks, `suffix_kernels.c`):
+- "request": the request's own prompt and output so far (prompt lookup, with frequencies);
+- "corpus": a global suffix array over the target's self-distilled responses (`suffix/index.py`).
+Each proposal's per-position survival c_k comes from `SourceCalibration` (fitted on held-out data by
+`dspark suffix calibrate`), and the request gets the proposal with the larger expected number of
+accepted tokens Σ_k Π_{i≤k} c_i. The drafts, the survival and so the choice are deterministic functions
+of the request's tokens: verifying them as point masses (accept x with p(x), else resample from the
+residual) is lossless at any temperature, and the prefix scheduler may read the confidences freely.
+
+Config lives in a checkpoint-like folder (`checkpoints/suffix-smollm2/config.json`): which corpus
+folders to index, the walk parameters, and `calibration.json`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import operator
+import time
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from dspark.models.drafters.base import DraftOutput, DraftRequest
+from dspark.models.drafters.suffix.corpus import corpus_paths, read_responses
+from dspark.models.drafters.suffix.index import BatchWalks, RequestText, SuffixIndex, Walk, WalkParams, propose_batch
+from dspark.models.drafters.suffix.served import ServedConfig, ServedText
+from dspark.spec.source_calibration import SOURCES, SourceCalibration, regime_of
+
+log = logging.getLogger(__name__)
+
+_SOURCE_NAMES = ("request", "corpus", "served")  # the native batch's source order
+DEFAULT_SUFFIX_DIR = Path(__file__).resolve().parents[4] / "checkpoints" / "suffix-smollm2"
+
+
+@dataclass
+class Proposal:
+    """What one source proposed for one request at one step (kept for calibration and metrics)."""
+
+    source: str
+    walk: Walk
+    conditional: list[float]
+    temperature: float = 0.0
+
+    @property
+    def expected_tokens(self) -> float:
+        """Σ_k Π_{i≤k} c_i: the accepted tokens this proposal promises (suffix_kernels.c computes the same)."""
+        return sum(itertools.accumulate(self.conditional, operator.mul))
+
+
+@dataclass
+class SourceStats:
+    """Per source: proposals made, chosen, tokens verified and accepted, accepted by position."""
+
+    num_proposals: int = 0
+    num_chosen: int = 0
+    num_verified: int = 0
+    num_accepted: int = 0
+    accepted_by_position: list[int] = field(default_factory=lambda: [0] * 16)
+
+
+@dataclass
+class SuffixConfig:
+    corpus_dirs: list[str] = field(default_factory=lambda: ["data/distill/smollm2", "data/distill/smollm2-more"])
+    corpus_max_tokens: int | None = None  # index only the first N tokens (the corpus-size curve)
+    heldout_fraction: float = 0.0  # leave the calibration split out of the index (calibration runs)
+    walk: WalkParams = field(default_factory=WalkParams)
+    sources: tuple[str, ...] = SOURCES
+    # live calibration: verified proposals add to the shipped counts, so survival follows the deployment's
+    # own traffic (the tables depend on past rounds only: lossless); cells are re-read every N outcomes
+    live_calibration: bool = True
+    live_refresh_every: int = 2048
+    # the outputs this deployment serves, indexed per tenant (suffix/served.py); share_served: one store for
+    # every tenant (only where tenants may learn from each other's text: acceptance timing reveals it)
+    served: ServedConfig = field(default_factory=ServedConfig)
+    share_served: bool = False
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SuffixConfig:
+        data = dict(data)
+        walk = WalkParams(**data.pop("walk", {}))
+        served = ServedConfig(**data.pop("served", {}))
+        sources = tuple(data.pop("sources", SOURCES))
+        return cls(walk=walk, served=served, sources=sources, **data)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["sources"] = list(self.sources)
+        return d
+
+
+class SuffixDrafter:
+    """Proposes the better of the request's own text and the global index (a `Drafter`)."""
+
+    name = "suffix"
+
+    def __init__(self, index: SuffixIndex | None, calibration: SourceCalibration | None = None,
+                 config: SuffixConfig | None = None, explore: bool = False) -> None:
+        self.index = index
+        self.calibration = calibration or SourceCalibration()
+        self.config = config or SuffixConfig()
+        self.explore = explore  # calibration runs: alternate the sources so both get verified
+        self._texts: dict[str, RequestText] = {}
+        self._tables: dict[tuple[str, str], np.ndarray | None] = {}
+        self._batch: BatchWalks | None = None
+        self._num_live = 0  # outcomes recorded since the cells were last re-read
+        self.served = ServedText(self.config.served) if "served" in self.config.sources and \
+            self.config.served.is_enabled else None
+        self._tenants: dict[str, str] = {}  # request id -> whose served store its text joins
+        self._work = np.zeros(max(1, self.config.walk.max_occurrences), dtype=np.int64)
+        self._num_rounds = 0
+        self.last: dict[str, Proposal] = {}  # request id -> the chosen proposal of the latest round
+        self.stats = {s: SourceStats() for s in self.config.sources}
+        self.propose_ms = 0.0  # the latest round's cost
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path = DEFAULT_SUFFIX_DIR, **overrides: object) -> SuffixDrafter:
+        """Build from a suffix folder: config.json (+ calibration.json); `overrides` replace config keys."""
+        path = Path(path)
+        data = json.loads((path / "config.json").read_text()) if (path / "config.json").exists() else {}
+        explore = bool(overrides.pop("explore", False))
+        data.update(overrides)
+        config = SuffixConfig.from_dict(data)
+        calibration = SourceCalibration.load(path / "calibration.json") if (path / "calibration.json").exists() \
+            else None
+        if calibration is None:
+            log.warning("no calibration.json in %s: survival is the raw continuation frequency "
+                        "(run `dspark suffix calibrate`)", path)
+        index = None
+        if "corpus" in config.sources:
+            t0 = time.perf_counter()
+            docs = read_responses(corpus_paths(config.corpus_dirs), config.heldout_fraction,
+                                  max_tokens=config.corpus_max_tokens)
+            index = SuffixIndex.cached(docs)
+            log.info("suffix index: %d tokens from %d responses, %.0f MB, ready in %.1f s", index.num_tokens,
+                     len(docs), index.nbytes / 2**20, time.perf_counter() - t0)
+        return cls(index, calibration, config, explore)
+
+    def _cells(self, source: str, temperature: float) -> int:
+        """Address of the calibration cells of (source, regime) as float32 for the native walk (0: none)."""
+        key = (source, regime_of(temperature))
+        if key not in self._tables:
+            cells = self.calibration.cells(source, temperature)
+            self._tables[key] = None if cells is None else np.asarray(cells, dtype=np.float32)
+        table = self._tables[key]
+        return table.ctypes.data if table is not None else 0
+
+    def choose_batch(self, requests: list[DraftRequest], max_num_tokens: int) -> list[Proposal | None]:
+        """Per request, the proposal with the most expected accepted tokens (None: no source has one). Both
+        sources' walks for the whole batch run in one native call; in explore mode (calibration runs) the
+        sources alternate deterministically instead."""
+        self._num_rounds += 1
+        texts, served = [], []
+        for req in requests:
+            text = self._texts.get(req.request_id)
+            if text is None:
+                text = self._texts[req.request_id] = RequestText()
+            text.sync(req.token_ids)
+            texts.append(text)
+            tenant = "" if self.config.share_served else req.tenant
+            self._tenants[req.request_id] = tenant
+            served.append(self.served.index_for(tenant) if self.served is not None else None)
+        regimes = {r.temperature > 0 for r in requests}
+        tables = {t: tuple(self._cells(s, float(t)) for s in _SOURCE_NAMES) for t in regimes}
+        use = ("request" in self.config.sources, "corpus" in self.config.sources, self.served is not None)
+        out = propose_batch(texts, self.index, served, self.config.walk, max_num_tokens,
+                            [tables[r.temperature > 0] for r in requests], use, self._batch, self._work)
+        self._batch = out
+        chosen: list[Proposal | None] = []
+        has = out.k[:len(requests)] > 0  # (R, sources)
+        for s, source in enumerate(_SOURCE_NAMES):
+            if source in self.stats:
+                self.stats[source].num_proposals += int(has[:, s].sum())
+        for r, req in enumerate(requests):
+            c = int(out.chosen[r])
+            candidates = [s for s in range(len(_SOURCE_NAMES)) if has[r, s]]
+            if self.explore and len(candidates) > 1:
+                c = candidates[(self._num_rounds + zlib.crc32(req.request_id.encode())) % len(candidates)]
+            if c < 0:
+                chosen.append(None)
+                continue
+            walk = out.walk(r, c)
+            chosen.append(Proposal(_SOURCE_NAMES[c], walk, walk.conf, req.temperature))
+        return chosen
+
+    def propose(self, requests: list[DraftRequest], max_num_tokens: int) -> DraftOutput:
+        t0 = time.perf_counter()
+        before = {s: v.num_proposals for s, v in self.stats.items()}
+        tokens: list[list[int]] = []
+        confidences: list[list[float]] = []
+        sources: list[str] = []
+        for req, best in zip(requests, self.choose_batch(requests, max_num_tokens)):
+            self.last.pop(req.request_id, None)
+            if best is None:
+                tokens.append([])
+                confidences.append([])
+                sources.append("")
+                continue
+            self.stats[best.source].num_chosen += 1
+            self.last[req.request_id] = best
+            tokens.append(best.walk.tokens)
+            confidences.append(best.conditional)
+            sources.append(best.source)
+        self.propose_ms = (time.perf_counter() - t0) * 1e3
+        return DraftOutput(tokens=tokens, confidences=confidences, sources=sources,
+                           num_proposals={s: v.num_proposals - before[s] for s, v in self.stats.items()})
+
+    def feedback(self, request_ids: list[str], num_verified: list[int], num_accepted: list[int]) -> None:
+        """The engine's verdict on the latest round (per-source acceptance for metrics and calibration)."""
+        for rid, n_ver, n_acc in zip(request_ids, num_verified, num_accepted):
+            p = self.last.get(rid)
+            if p is None or n_ver == 0:
+                continue
+            s = self.stats[p.source]
+            s.num_verified += n_ver
+            s.num_accepted += n_acc
+            for k in range(min(n_acc, len(s.accepted_by_position))):
+                s.accepted_by_position[k] += 1
+            if self.config.live_calibration and not self.explore:
+                w = p.walk
+                self.calibration.record(p.source, p.temperature, w.freq, w.count, w.match, n_ver, n_acc)
+                self._num_live += min(n_ver, n_acc + 1)
+        if self._num_live >= self.config.live_refresh_every:
+            self._num_live = 0
+            for by_source in self.calibration.tables.values():
+                for table in by_source.values():
+                    table._table = None
+            self._tables = {}  # re-read (and re-frozen) at the next round
+
+    def source_stats(self) -> dict[str, dict]:
+        return {s: asdict(v) for s, v in self.stats.items()}
+
+    def reset_stats(self) -> None:
+        self.stats = {s: SourceStats() for s in self.config.sources}
+
+    def release(self, request_id: str) -> None:
+        text = self._texts.pop(request_id, None)
+        tenant = self._tenants.pop(request_id, "")
+        if text is not None and self.served is not None:  # its text joins its tenant's served store
+            self.served.add(tenant, text.tokens().copy())
+        self.last.pop(request_id, None)

@@ -1,0 +1,64 @@
+"""What every target forward shares: the chunk a request brings to a forward, what a forward returns, and the
+layer math that the runner's PyTorch path and its native path (`native_forward.py`) both run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from dspark.kernels import native
+from dspark.models.target.family import LayerWeights
+
+
+@dataclass
+class SeqChunk:
+    """New tokens of one request in a forward: they sit at positions start_pos.. in cache slot `slot`."""
+
+    slot: int
+    start_pos: int
+    token_ids: list[int]
+    num_logits: int  # logits wanted for the last num_logits tokens of this chunk
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor  # (N, V): rows for each chunk's last num_logits tokens, chunk order
+    hidden_states: dict[int, torch.Tensor]  # layer index -> (T, D) for the requested layers
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, allow_native: bool = True) -> torch.Tensor:
+    """RMSNorm over the last dim. A weight kept in fp32 for a low-precision x (Gemma's 1 + w) normalises in
+    fp32 and rounds once, as HF does; fp32 CPU rows take the native one-pass kernel where allowed."""
+    if weight.dtype != x.dtype:
+        return F.rms_norm(x.float(), (x.shape[-1],), weight, eps).to(x.dtype)
+    if allow_native and x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2 and native.is_available():
+        return native.rms_norm(x, weight, eps)
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def head_norms(qk: torch.Tensor, layer: LayerWeights, num_heads: int, eps: float) -> torch.Tensor:
+    """Qwen3 / Gemma 3: each query head and each key head RMS-normalised (T, H + KV, hd) before the rotary."""
+    if layer.q_norm is None:
+        return qk
+    return torch.cat([rms_norm(qk[:, :num_heads], layer.q_norm, eps),
+                      rms_norm(qk[:, num_heads:], layer.k_norm, eps)], dim=1)
+
+
+def attention_out_and_mlp(layer: LayerWeights, x: torch.Tensor, attn: torch.Tensor, kernel: str, eps: float,
+                          activation: str = "silu") -> torch.Tensor:
+    """The rest of a decoder layer after attention (T, H*hd): o projection (Gemma: its output norm) and
+    residual, then the MLP block (dense gate|up, or the sparse experts) and its residual."""
+    out = layer.o(attn, kernel)
+    x = x + (out if layer.attn_out_norm is None else rms_norm(out, layer.attn_out_norm, eps))
+    h = rms_norm(x, layer.post_norm, eps)
+    if layer.moe is not None:
+        y = layer.moe(h)
+    elif activation == "silu" and h.dtype == torch.float32 and h.device.type == "cpu" and native.is_available():
+        y = layer.down(native.silu_mul(layer.gate_up(h, kernel)), kernel)  # one pass for SiLU·up
+    else:
+        gate, up = layer.gate_up(h, kernel).chunk(2, dim=-1)
+        act = F.silu(gate) if activation == "silu" else F.gelu(gate, approximate="tanh")
+        y = layer.down(act * up, kernel)
+    return x + (y if layer.mlp_out_norm is None else rms_norm(y, layer.mlp_out_norm, eps))

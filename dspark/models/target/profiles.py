@@ -1,0 +1,201 @@
+"""Which SPS profile an engine schedules against: the one measured on THIS machine, model and dtype.
+
+A profile measured on another CPU (or in another dtype) describes another throughput curve: an AVX2
+EPYC pays ~2x for verifying 8 tokens instead of 1 at batch 1 in fp32, an AMX Xeon in bf16 far less,
+and the prefix scheduler's choices follow that curve. So each profile records what it was measured on
+(`meta.cpu`: model name and ISA flags, `meta.model`, `meta.dtype`, `meta.device`), the engine looks for
+a match among the shipped profiles (`configs/profiles/`) and the ones it measured before
+(``~/.cache/dspark/profiles/``), and measures one now (a short grid, seconds; once per machine, cached)
+when none matches. `dspark prepare` does that before the cluster starts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from dspark.kernels import cache_once
+from dspark.kernels.cache_once import cache_dir
+from dspark.kernels.machine import cpu_signature
+from dspark.models.target.layer import SeqChunk
+from dspark.models.target.loader import TargetModel
+from dspark.models.target.runner import TargetRunner
+from dspark.spec.sps import SPSTable
+
+log = logging.getLogger(__name__)
+
+SHIPPED_DIR = Path(__file__).resolve().parents[3] / "configs" / "profiles"
+# what a start-up measurement covers: seconds, not minutes, on two cores shared with other replicas
+STARTUP_GRID = (1, 2, 4, 8, 16, 32, 64)
+STARTUP_CONTEXT = 64
+STARTUP_REPEATS = 2
+
+
+def shipped_dir() -> Path:
+    """The shipped profiles (``$DSPARK_PROFILES_DIR`` replaces them: an empty folder = an unknown CPU)."""
+    return Path(os.environ.get("DSPARK_PROFILES_DIR", SHIPPED_DIR))
+
+
+def profile_dirs() -> list[Path]:
+    """Where profiles are looked up: the shipped ones first, then the ones measured on this machine."""
+    return [shipped_dir(), cache_dir() / "profiles"]
+
+
+def machine_identity(target_name: str, device: torch.device | str, dtype: torch.dtype) -> dict:
+    """What a profile must have been measured on to describe this engine's throughput."""
+    dev = torch.device(device)
+    hw = ({"gpu": torch.cuda.get_device_name(dev)} if dev.type == "cuda" else cpu_signature())
+    return {"hardware": hw, "model": Path(target_name).name, "dtype": str(dtype).removeprefix("torch."),
+            "device": dev.type}
+
+
+def identity_of(meta: dict) -> dict | None:
+    """The identity a profile's meta records, or None for a profile that does not say (not matched)."""
+    if "hardware" not in meta:
+        return None
+    return {"hardware": meta["hardware"], "model": Path(str(meta.get("model", ""))).name,
+            "dtype": meta.get("dtype"), "device": meta.get("device", "cpu")}
+
+
+def slug(identity: dict) -> str:
+    """A file name for a profile: cpu-<isa>-<model name>-<model>-<dtype>."""
+    hw = identity["hardware"]
+    if "gpu" in hw:
+        name = f"cuda-{hw['gpu']}"
+    else:
+        flags = set(hw["flags"])
+        isa = "amx" if "amx_bf16" in flags else "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags \
+            else "generic"
+        name = f"cpu-{isa}-{hw['model']}"
+    raw = f"{name}-{identity['model']}-{identity['dtype']}".lower()
+    return "".join(c if c.isalnum() else "-" for c in raw).strip("-").replace("--", "-")
+
+
+def _profile_metas(dirs: list[Path] | None = None):  # noqa: ANN202 - a generator of (path, meta)
+    """(path, meta) of every readable profile: shipped ones first, then the ones measured here."""
+    for d in dirs if dirs is not None else profile_dirs():
+        for path in sorted(d.glob("*.json")) if d.is_dir() else []:
+            try:
+                yield path, json.loads(path.read_text()).get("meta") or {}
+            except (OSError, ValueError):
+                continue
+
+
+def find_profile(identity: dict, dirs: list[Path] | None = None) -> Path | None:
+    """A profile file whose recorded identity equals `identity`: shipped ones first, then measured ones."""
+    return next((path for path, meta in _profile_metas(dirs) if identity_of(meta) == identity), None)
+
+
+def profile_for(target: TargetModel, dirs: list[Path] | None = None) -> tuple[SPSTable, Path]:
+    """The SPS table of this machine for `target`: found, or measured now (once per machine, under a lock:
+    the other processes wait and read it) and cached. `dirs`: where to look (default `profile_dirs()`)."""
+    identity = machine_identity(target.name, target.device, target.dtype)
+    path = find_profile(identity, dirs)
+    if path is None:
+        out = cache_dir() / "profiles" / f"{slug(identity)}.json"
+        with cache_once.locked(f"profile-{slug(identity)}"):
+            path = find_profile(identity, dirs)
+            if path is None:
+                log.warning("no SPS profile for %s: measuring a short one now (cached for next time)", identity)
+                cache_once.remove_stale(out)
+                cache_once.publish_json(out, measure_startup_profile(target).to_dict())
+                path = out
+    log.info("SPS profile %s matches this machine", path)
+    return SPSTable.from_file(path), path
+
+
+def measure_startup_profile(target: TargetModel) -> SPSTable:
+    """A short profile (STARTUP_GRID, few repeats): seconds on a small CPU, enough for the scheduler to
+    know where verifying more tokens stops paying; `dspark profile` measures the full one."""
+    t0 = time.perf_counter()
+    table = profile_target(target, STARTUP_GRID, context_len=STARTUP_CONTEXT, num_repeats=STARTUP_REPEATS,
+                           num_warmup=1, show_progress=False)
+    table.meta.update(machine_identity(target.name, target.device, target.dtype))
+    table.meta["measured_at_startup_s"] = round(time.perf_counter() - t0, 1)
+    log.info("SPS profile measured in %.1f s", table.meta["measured_at_startup_s"])
+    return table
+
+
+def load_sps(sps_profile: str | None, target: TargetModel) -> SPSTable:
+    """The profile at `sps_profile`, else the one measured on this machine for this target and dtype."""
+    if sps_profile:
+        path = Path(sps_profile)
+        if not path.exists():
+            raise FileNotFoundError(f"SPS profile {path} not found: run `dspark profile --out {path}`")
+        table = SPSTable.from_file(path)
+    else:
+        table, _ = profile_for(target)
+    return table.monotone()
+
+
+def recorded_dtype_choice(target_name: str, device: str) -> dict | None:
+    """The per-role dtype measurement `dspark profile` stored with a profile of this machine and model."""
+    want = machine_identity(target_name, device, torch.float32)
+    for _, meta in _profile_metas():
+        ident = identity_of(meta)
+        if ident is not None and "dtypes" in meta and {**ident, "dtype": "float32"} == want:
+            return meta["dtypes"]
+    return None
+
+
+# ---- `dspark profile`: target step time against tokens per step, written as an SPS profile ----
+DEFAULT_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def profile_target(target: TargetModel, grid: tuple[int, ...] = DEFAULT_GRID, context_len: int = 256,
+                   tokens_per_request: int = 8, num_repeats: int = 5, num_warmup: int = 2,
+                   show_progress: bool = True, row_invariant: bool = True) -> SPSTable:
+    """Median step time of verification-shaped batches: B tokens as ⌈B/8⌉ requests of ≤ 8 tokens,
+    each over `context_len` cached tokens (the shape a verify step has). `row_invariant`: the verify
+    engine's kernels (the default; what the schedulers' profile describes), else the generation path's."""
+    max_reqs = -(-max(grid) // tokens_per_request)
+    runner = TargetRunner(target.model, max_reqs, context_len + tokens_per_request + 1, row_invariant=row_invariant)
+    slots = [runner.cache.allocate() for _ in range(max_reqs)]
+    gen = torch.Generator().manual_seed(0)
+    ctx = torch.randint(0, runner.vocab_size, (context_len,), generator=gen).tolist()
+    runner.forward([SeqChunk(s, 0, ctx, 1) for s in slots])  # fill every slot's context once
+    batches = []
+    for num_tokens in grid:
+        sizes = [tokens_per_request] * (num_tokens // tokens_per_request)
+        if num_tokens % tokens_per_request:
+            sizes.append(num_tokens % tokens_per_request)
+        batches.append([SeqChunk(slots[i], context_len, ctx[:n], n) for i, n in enumerate(sizes)])
+    for chunks in batches:
+        for _ in range(num_warmup):
+            runner.forward(chunks)
+    # round-robin: each repeat times every size once, so a burst of noise from a shared host lands on
+    # one sample of many sizes (the median drops it) instead of on every sample of one size
+    samples: list[list[float]] = [[] for _ in grid]
+    bar = tqdm(total=num_repeats * len(grid), desc="profile", unit="step", disable=not show_progress)
+    for _ in range(num_repeats):
+        for chunks, out in zip(batches, samples):
+            _sync(runner.device)
+            t0 = time.perf_counter()
+            runner.forward(chunks)
+            _sync(runner.device)
+            out.append((time.perf_counter() - t0) * 1e3)
+            bar.update()
+    bar.close()
+    times_ms = [statistics.median(s) for s in samples]
+    meta = {**machine_identity(target.name, target.device, target.dtype),
+            "num_threads": torch.get_num_threads(), "context_len": context_len,
+            "tokens_per_request": tokens_per_request, "machine": platform.processor() or platform.machine(),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    by_tokens = dict(zip(grid, times_ms))
+    if 1 in by_tokens:  # the number that decides when speculation pays: T(1 + ℓ) / T(1) at batch 1
+        meta["verify_cost_ratio"] = {str(n - 1): round(by_tokens[n] / by_tokens[1], 3)
+                                     for n in (2, 4, 8) if n in by_tokens and n <= tokens_per_request}
+    return SPSTable(tokens_per_step=list(grid), step_time_ms=times_ms, meta=meta)
