@@ -139,3 +139,23 @@ def test_bad_pipeline_config_is_refused_with_a_reason(tmp_path):
         path.write_text(yaml.safe_dump({"name": "x", "work_dir": "/tmp/x", "output": "/tmp/y", **bad}))
         res = CliRunner().invoke(app, ["train", "--config", str(path)])
         assert res.exit_code == 2 and reason in res.output, res.output
+
+
+def test_calibration_without_held_out_prompts_is_skipped_with_the_reason(tiny_target_dir, tmp_path):
+    """A corpus with no held-out prompt: STS is not fitted on zero rounds; the drafter is exported uncalibrated."""
+    cfg = {
+        "name": "tiny", "target": str(tiny_target_dir), "work_dir": str(tmp_path / "work"),
+        "output": str(tmp_path / "ckpt"),
+        "synth": {"num_prompts": 4, "num_stdlib_prompts": 1, "shard_size": 4, "prompt_max_tokens": 12,
+                  "response_max_tokens": 16, "data_dir": str(tmp_path / "data")},
+        "engine": {"drafter": "none", "scheduler": "fixed", "max_num_seqs": 4, "max_model_len": 128},
+        "model": {"num_layers": 1, "block_size": 4, "markov_rank": 8, "draft_vocab_size": 40},
+        "train": {"num_steps": 2, "batch_size": 2, "num_anchors": 3, "warmup_steps": 1, "heldout_fraction": 0.0},
+    }
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    res = CliRunner().invoke(app, ["train", "--config", str(path)])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout.strip().splitlines()[-1])
+    assert report["calibrate"]["skipped"] and "no held-out prompts" in report["calibrate"]["reason"]
+    assert not json.loads((tmp_path / "ckpt" / "config.json").read_text())["sts_temperatures"]  # none fitted
