@@ -29,7 +29,7 @@ def _finish(procs: list[subprocess.Popen], timeout_s: float) -> list[tuple[int, 
 
 
 def test_the_lock_lets_one_process_at_a_time_through(tmp_path: Path) -> None:
-    code = ("import os, time\nfrom pathlib import Path\nfrom dspark.models import cache_once\n"
+    code = ("import os, time\nfrom pathlib import Path\nfrom dspark.kernels import cache_once\n"
             f"log = Path({str(tmp_path / 'log')!r})\n"
             "with cache_once.locked('x'):\n"
             "    with open(log, 'a') as f: f.write(f'in {os.getpid()}\\n')\n"
