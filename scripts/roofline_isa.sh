@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # roofline_isa.sh -- `dspark bench roofline --dtypes fp32` on this CPU as it is, and the same CPU run as an
-# AVX2-only one (DSPARK_CPU_ISA=avx2: native kernels built for x86-64-v3; ATEN_CPU_CAPABILITY=avx2 and
-# ONEDNN_MAX_CPU_ISA=AVX2: PyTorch's and oneDNN's kernels limited to AVX2), one after the other. On an
+# AVX2-only one (DSPARK_CPU_ISA=avx2: native kernels built for x86-64-v3; ATEN_CPU_CAPABILITY=avx2,
+# ONEDNN_MAX_CPU_ISA=AVX2 and MKL_ENABLE_INSTRUCTIONS=AVX2: PyTorch's, oneDNN's and MKL's kernels limited to
+# AVX2), one after the other. On an
 # AVX-512 machine this measures the AVX2 code paths (registers, tiles) where no AVX2-only CPU is at hand;
 # the figures are indicative of an AVX2 EPYC's fractions, not its speeds.
 #
@@ -15,7 +16,7 @@ PY="${PY_BIN:-.venv/bin/python}"
 mkdir -p "$OUT"
 lscpu | grep -E 'Model name|Flags' >"$OUT/cpu.txt"
 "$DSPARK" bench roofline --dtypes fp32 --batch-sizes "$BATCHES" --out "$OUT/native.json" >/dev/null
-DSPARK_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 \
+DSPARK_CPU_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
   "$DSPARK" bench roofline --dtypes fp32 --batch-sizes "$BATCHES" --out "$OUT/avx2.json" >/dev/null
 "$PY" - "$OUT" <<'PY'
 import json, sys

@@ -9,7 +9,8 @@ from pathlib import Path
 
 # DSPARK_CPU_ISA=avx2 runs this machine as an AVX2-only CPU: the signature (profiles, plans, bf16 candidates)
 # names only avx2 and the native kernels are built for x86-64-v3. Set PyTorch's own ATEN_CPU_CAPABILITY=avx2
-# and ONEDNN_MAX_CPU_ISA=AVX2 with it (before torch is imported) for the library kernels to follow.
+# ONEDNN_MAX_CPU_ISA=AVX2 and MKL_ENABLE_INSTRUCTIONS=AVX2 with it (before torch is imported) for the library
+# kernels to follow.
 ISA_ENV = "DSPARK_CPU_ISA"
 
 
