@@ -17,13 +17,11 @@ from dataclasses import dataclass, field
 
 import psutil
 
-
-def _is_ray(cmd: str) -> bool:
-    return "ray::" in cmd or "raylet" in cmd or "gcs_server" in cmd or "ray/_private" in cmd or "ray/dashboard" in cmd
+from dspark.bench.processes import is_ray_process
 
 
 def _group_of(cmd: str, arm_titles: dict[str, str]) -> str | None:
-    if not _is_ray(cmd):
+    if not is_ray_process(cmd):
         return None
     title = cmd.split()[0] if cmd.startswith("ray::") else ""
     return next((f"arm:{arm}" for arm, key in arm_titles.items() if key and key in title), "ray")

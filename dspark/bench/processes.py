@@ -12,6 +12,11 @@ from collections.abc import Callable, Iterator
 import psutil
 
 
+def is_ray_process(cmd: str) -> bool:
+    """A Ray process by its command line: raylet, GCS, dashboard and its agents, workers (`ray::...`)."""
+    return "ray::" in cmd or "raylet" in cmd or "gcs_server" in cmd or "ray/_private" in cmd or "ray/dashboard" in cmd
+
+
 def session_processes() -> list[tuple[str, psutil.Process]]:
     """This process ("load generator") and every Ray process on the machine (raylet, GCS, workers,
     replicas), each with its title (`ray::ServeReplica:dspark:dspark-verify`, `ray::ProxyActor`, `raylet`)."""
@@ -20,8 +25,7 @@ def session_processes() -> list[tuple[str, psutil.Process]]:
     for proc in psutil.process_iter(["name", "cmdline"]):
         try:
             cmd = " ".join(proc.info["cmdline"] or [])
-            if proc.pid != me.pid and ("ray::" in cmd or "raylet" in cmd or "gcs_server" in cmd
-                                       or "ray/_private" in cmd or "ray/dashboard" in cmd):
+            if proc.pid != me.pid and is_ray_process(cmd):
                 # a busy replica's title names its method (`...dspark-verify.handle_request`): one key per process
                 title = cmd.split()[0].split(".")[0] if cmd.startswith("ray::") else (proc.info["name"] or "ray")
                 out.append((title, proc))
