@@ -1,17 +1,21 @@
-"""A bare HTTP/1.1 client for overload benches: one connection per request, timed inside the event loop's
-callbacks.
+"""A bare HTTP/1.1 client for overload benches: one connection per request, timed by the kernel.
 
-Thousands of requests at once from one Python process: with asyncio streams (or httpx's pool) the time a
-response waits for its coroutine to be resumed, behind every other connection's work, is counted as the
-server's latency (a burst of 1,280 measured ~120 ms per refusal that HAProxy answered in ~1 ms). Here a
-`Protocol` takes each timestamp in the callback where the bytes arrive, which the loop runs as soon as it
-polls the socket, so what is measured is the server's time plus one poll.
+Thousands of requests at once: with asyncio streams (or httpx's pool) the time a response waits for its
+coroutine to be resumed, behind every other connection's work, is counted as the server's latency (a burst
+of 1,280 measured ~120 ms per refusal that HAProxy answered in ~1 ms); even a callback that takes the time
+as soon as its loop polls the socket (what this module did before) counts the client's own queue (p50
+52 ms / p99 77 ms for a burst of 1,280 refusals from one process). Here every read also asks the kernel when
+the bytes arrived on the socket (`SO_TIMESTAMPNS`), so the latency measured is from the request's bytes
+being written to the response's bytes arriving, whatever the load generator was doing meanwhile; the time
+the client's loop read them is kept beside it. Load from several processes: `load_procs.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import struct
 import time
 
 
@@ -23,61 +27,98 @@ def request_bytes(host: str, port: int, path: str, payload: dict, headers: dict[
             f"Content-Length: {len(body)}\r\n{head}Connection: close\r\n\r\n").encode() + body
 
 
-class _Exchange(asyncio.Protocol):
-    def __init__(self, request: bytes, done: asyncio.Future) -> None:
-        self.request, self.done = request, done
+# SO_TIMESTAMPNS (Linux; not exported by Python's socket module): each recvmsg() on the socket also returns
+# the time the kernel received the bytes (CLOCK_REALTIME), as a struct timespec (two 64-bit fields)
+SO_TIMESTAMPNS = 35
+_ANC_SPACE = socket.CMSG_SPACE(16)
+
+
+class _Exchange:
+    """One connection's reads, in a reader callback on the raw socket: each chunk with the time the kernel
+    received it and the time this loop read it."""
+
+    def __init__(self, sock: socket.socket, done: asyncio.Future, wall_offset: float) -> None:
+        self.sock, self.done, self.wall_offset = sock, done, wall_offset
         self.chunks: list[bytes] = []
-        self.sent_at = self.first_byte_at = self.first_event_at = 0.0
+        self.arrived: list[float] = []  # kernel receive time of each chunk (perf_counter's clock)
+        self.read_at: list[float] = []  # when this loop read it
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.write(self.request)  # type: ignore[attr-defined]
-        self.sent_at = time.perf_counter()
-
-    def data_received(self, data: bytes) -> None:
+    def on_readable(self) -> None:
+        try:
+            data, anc, _, _ = self.sock.recvmsg(1 << 18, _ANC_SPACE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._finish(exc)
+            return
         now = time.perf_counter()
-        if not self.chunks:
-            self.first_byte_at = now
+        if not data:
+            self._finish(None)
+            return
+        arrived = now
+        for level, kind, raw in anc:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(raw) >= 16:
+                sec, nsec = struct.unpack("qq", raw[:16])
+                arrived = min(now, sec + nsec * 1e-9 - self.wall_offset)
         self.chunks.append(data)
-        if not self.first_event_at and b"data:" in data:  # a stream's first event: its first token
-            self.first_event_at = now
+        self.arrived.append(arrived)
+        self.read_at.append(now)
 
-    def connection_lost(self, exc: Exception | None) -> None:
+    def _finish(self, exc: Exception | None) -> None:
         if not self.done.done():
-            self.done.set_result(time.perf_counter())
+            self.done.set_result((time.perf_counter(), exc))
 
 
 async def post(host: str, port: int, path: str, payload: dict, headers: dict[str, str], timeout_s: float) -> dict:
-    """One POST; `latency_s` from the moment its bytes were written to the end of the response (the server
-    closes the connection), `first_byte_s` to its first byte (for a refusal: when the client learns of it; the
-    close is one more turn of this loop behind every other connection's callbacks), `status`, `retry_after`,
-    `refused_by` (`front-door` for HAProxy's own refusals, `ingress` for other 429/503s), for errors the
-    `reason` in the body, and for a stream its `ttft_s` (to its first event) and `tpot_s` (the rest over the
-    tokens after the first)."""
+    """One POST on a connection of its own. Times, from the moment its bytes were written (`sent_at`):
+    `first_byte_s`, to the kernel receiving the first byte of the response on this socket (the server's
+    time: for a refusal, when the client learns of it; not how long this process took to look), and
+    `read_first_byte_s`, to this loop reading it; `latency_s`, to the end of the response (the server
+    closes the connection); `connect_s`, from asking for the connection to it being up. Also `status`,
+    `retry_after`, `refused_by` (`front-door` for HAProxy's own refusals, `ingress` for other 429/503s), for
+    errors the `reason` in the body, and for a stream its `ttft_s` (to the kernel receiving its first event)
+    and `tpot_s` (its first event to its last bytes, over the tokens after the first)."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future = loop.create_future()
-    proto = _Exchange(request_bytes(host, port, path, payload, headers), done)
+    request = request_bytes(host, port, path, payload, headers)
     t_conn = time.perf_counter()
-    transport = None
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    exchange: _Exchange | None = None
     try:
-        transport, _ = await asyncio.wait_for(loop.create_connection(lambda: proto, host, port), timeout_s)
-        end = await asyncio.wait_for(asyncio.shield(done), timeout_s)
-    except (TimeoutError, OSError) as exc:
-        if transport is not None:
-            transport.abort()
-        return {"status": None, "latency_s": time.perf_counter() - t_conn, "error": type(exc).__name__}
-    data = b"".join(proto.chunks)
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    except OSError:  # not Linux: the read time stands in for the kernel's
+        pass
+    try:
+        await asyncio.wait_for(loop.sock_connect(sock, (host, port)), timeout_s)
+        connected = time.perf_counter()
+        exchange = _Exchange(sock, done, time.time() - time.perf_counter())
+        loop.add_reader(sock.fileno(), exchange.on_readable)
+        await loop.sock_sendall(sock, request)
+        sent_at = time.perf_counter()
+        end, exc = await asyncio.wait_for(asyncio.shield(done), timeout_s)
+    except (TimeoutError, OSError) as exc_:
+        return {"status": None, "latency_s": time.perf_counter() - t_conn, "error": type(exc_).__name__}
+    finally:
+        if exchange is not None:
+            loop.remove_reader(sock.fileno())
+        sock.close()
+    ex = exchange
+    if not ex.chunks:
+        return {"status": None, "latency_s": end - sent_at, "error": type(exc).__name__ if exc else "no response"}
+    data = b"".join(ex.chunks)
     head_bytes, _, body = data.partition(b"\r\n\r\n")
     lines = head_bytes.decode("latin-1").split("\r\n")
     try:
         status = int(lines[0].split(" ", 2)[1])
     except (IndexError, ValueError):
-        return {"status": None, "latency_s": end - proto.sent_at, "error": "bad status line"}
+        return {"status": None, "latency_s": end - sent_at, "error": "bad status line"}
     hdrs = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
     if hdrs.get("transfer-encoding") == "chunked":
         body = unchunk(body)
-    rec = {"status": status, "latency_s": end - proto.sent_at, "connect_s": proto.sent_at - t_conn,
-           "first_byte_s": proto.first_byte_at - proto.sent_at,
-           "retry_after": hdrs.get("retry-after"), "sent_at": proto.sent_at,
+    rec = {"status": status, "latency_s": end - sent_at, "connect_s": connected - t_conn,
+           "first_byte_s": max(0.0, ex.arrived[0] - sent_at), "read_first_byte_s": ex.read_at[0] - sent_at,
+           "retry_after": hdrs.get("retry-after"), "sent_at": sent_at,
            "refused_by": hdrs.get("x-dspark-refused-by", "ingress") if status in (429, 503) else None}
     if status >= 400:
         try:
@@ -85,12 +126,14 @@ async def post(host: str, port: int, path: str, payload: dict, headers: dict[str
             rec["reason"] = err["error"]["message"] if isinstance(err, dict) and "error" in err else None
         except (ValueError, KeyError, TypeError):
             rec["reason"] = body.decode("utf-8", "replace")[:200] or None  # Serve's proxy: plain text
-    elif proto.first_event_at:  # a stream: TTFT, and TPOT from the usage in its last event
-        rec["ttft_s"] = proto.first_event_at - proto.sent_at
+        return rec
+    first_event = next((t for chunk, t in zip(ex.chunks, ex.arrived) if b"data:" in chunk), None)
+    if first_event is not None:  # a stream: TTFT, and TPOT from the usage in its last event
+        rec["ttft_s"] = first_event - sent_at
         usage = _last_usage(body)
         if usage and usage.get("completion_tokens", 0) > 1:
             rec["num_tokens"] = usage["completion_tokens"]
-            rec["tpot_s"] = (end - proto.first_event_at) / (usage["completion_tokens"] - 1)
+            rec["tpot_s"] = (ex.arrived[-1] - first_event) / (usage["completion_tokens"] - 1)
     return rec
 
 
