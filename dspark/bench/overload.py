@@ -5,12 +5,14 @@ limit's worth of requests at once: their completion rate), then, for each admiss
 fixed limit, capacity + max_queued_requests per arm; `sla`: admission by predicted latency, admission.py),
 sends `multiple × limit` streamed chat completions arriving at `multiple ×` that rate, then the same count
 in one instant. Reports per phase how many were admitted and completed, how many were refused with 429/503
-+ Retry-After, by whom (HAProxy itself or the ingress) and how fast (timed from the moment the request's
-bytes are written), any other status, the admitted requests' TTFT and TPOT as the client saw them,
++ Retry-After, by whom (HAProxy itself or the ingress) and how fast (from the moment the request's bytes
+are written to the response's first byte arriving, by the kernel's receive timestamp; when the client read
+it is kept beside), any other status, the admitted requests' TTFT and TPOT as the client saw them,
 goodput (requests per second completed within the SLA) and SLA attainment, and the resident memory of every
 process of the Ray session (sampled throughout, peak per phase) against a stated bound. Afterwards the
 engines must hold no request (no leaked KV slot or draft context). `comparison` sets the modes side by side.
-JSON last.
+The load comes from several processes (load_procs.py), so that one client's event loop is not what limits
+a burst. JSON last.
 """
 from __future__ import annotations
 
@@ -21,29 +23,30 @@ from collections import Counter
 from typing import Any
 from urllib.parse import urlsplit
 
-from dspark.bench.processes import RssSampler, client_gc_paused, cpu_used, session_cpu_by_process, session_rss_mb
-from dspark.bench.raw_http import post, request_bytes
+from dspark.bench.load_procs import LoadProcesses, default_num_procs
+from dspark.bench.processes import RssSampler, cpu_used, session_cpu_by_process, session_rss_mb
+from dspark.bench.raw_http import request_bytes
 from dspark.bench.scrape import counter, draft_links, engine_leftovers
 from dspark.bench.serve_bench import fixed_pool_args, free_port, wait_healthy
 from dspark.cluster.ingress.admission_gate import MODE_HEADER
 
 
-async def _fire(base_url: str, num: int, max_tokens: int, headers: dict[str, str], timeout_s: float,
-                spread_s: float = 0.0) -> list[dict]:
-    """`num` streamed chat completions (TTFT and TPOT measured by the client), all at once (`spread_s` 0) or
-    with arrivals spread evenly over `spread_s`."""
+def _bodies(num: int, max_tokens: int) -> list[dict]:
+    """`num` streamed chat completions (the client measures TTFT and TPOT)."""
+    return [{"messages": [{"role": "user", "content": f"Count from {i % 50} to {i % 50 + 9}."}],
+             "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True, "user": f"overload-{i}"}
+            for i in range(num)]
+
+
+def _fire(load: LoadProcesses, base_url: str, num: int, max_tokens: int, headers: dict[str, str],
+          timeout_s: float, spread_s: float = 0.0) -> tuple[list[dict], float]:
+    """`num` streamed chat completions from the load processes, all at once (`spread_s` 0) or with arrivals
+    spread evenly over `spread_s`; their records, and the seconds from the first being sent to the last
+    ending."""
     url = urlsplit(base_url)
-
-    async def one(i: int) -> dict:
-        if spread_s > 0:
-            await asyncio.sleep(spread_s * i / num)
-        body = {"messages": [{"role": "user", "content": f"Count from {i % 50} to {i % 50 + 9}."}],
-                "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
-                "user": f"overload-{i}"}
-        return await post(url.hostname or "127.0.0.1", url.port or 80, "/v1/chat/completions", body, headers,
-                          timeout_s)
-
-    return await asyncio.gather(*(one(i) for i in range(num)))
+    recs = load.post_many(url.hostname or "127.0.0.1", url.port or 80, "/v1/chat/completions",
+                          _bodies(num, max_tokens), headers, timeout_s, spread_s)
+    return recs, time.perf_counter() - load.started_at
 
 
 async def _open_and_hang_up(host: str, port: int, i: int, max_tokens: int, headers: dict[str, str],
@@ -88,7 +91,7 @@ def _pct(values: list[float], q: float) -> float | None:
 def run_overload(args: dict[str, Any], multiple: float = 10.0, max_tokens: int = 16,
                  rss_bound_mb: float | None = None, rss_margin_mb: float = 512.0, timeout_s: float = 300.0,
                  headers: dict[str, str] | None = None, burst: bool = True, hangup_max_tokens: int = 1024,
-                 repeat: int = 1, modes: tuple[str, ...] = ("static", "sla")) -> dict:
+                 repeat: int = 1, modes: tuple[str, ...] = ("static", "sla"), client_procs: int | None = None) -> dict:
     """Phases on one running app: `calibrate` (the static admission limit's worth at once, admitted by the
     static limit: its completion rate is the cluster's capacity); then for each admission mode in `modes`
     (`static`: the old fixed limit; `sla`: by predicted latency), one after the other on the same cluster
@@ -98,7 +101,9 @@ def run_overload(args: dict[str, Any], multiple: float = 10.0, max_tokens: int =
     instant); then `disconnect` (capacity's worth of long streams whose clients hang up after the first
     token: the engines must hold nothing soon after). Every request is a stream, so the client measures each
     admitted request's TTFT and TPOT; goodput is the requests per second completed within the SLA (args.sla),
-    attainment the share of admitted requests within it; `comparison` puts the modes side by side."""
+    attainment the share of admitted requests within it; `comparison` puts the modes side by side. The load
+    comes from `client_procs` processes (load_procs.py; default one per core, at least 2), started before
+    the cluster."""
     import ray
     from ray import serve
 
@@ -121,20 +126,19 @@ def run_overload(args: dict[str, Any], multiple: float = 10.0, max_tokens: int =
     records: list[dict] = []
     runs: list[tuple[str, str, float]] = []
     # the metrics agents export every 500 ms (Ray's default: 10 s), so /metrics shows the engines' state soon
+    load = LoadProcesses(client_procs or default_num_procs()).__enter__()
     ray.init(include_dashboard=False, log_to_driver=False, _system_config={"metrics_report_interval_ms": 500})
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(build_app(args), name="dspark", route_prefix="/")
         wait_healthy(base_url, 900)
         # warm-up: first-request costs are not in the figures
-        asyncio.run(_fire(base_url, 4, max_tokens, hdrs, timeout_s))
+        _fire(load, base_url, 4, max_tokens, hdrs, timeout_s)
         links_before = draft_links(base_url, hdrs)
         rss_before = session_rss_mb()
         with RssSampler() as rss:
             cpu0 = session_cpu_by_process()
-            t0 = time.perf_counter()
-            cal = asyncio.run(_fire(base_url, limit, max_tokens, {**hdrs, MODE_HEADER: "static"}, timeout_s))
-            cal_wall = time.perf_counter() - t0
+            cal, cal_wall = _fire(load, base_url, limit, max_tokens, {**hdrs, MODE_HEADER: "static"}, timeout_s)
             capacity_rps = sum(1 for r in cal if r["status"] == 200) / cal_wall
             phases["calibrate"] = {**_summary(cal, cal_wall, sla), "capacity_rps": round(capacity_rps, 2),
                                    "cpu_ms_per_request": cpu_used(cpu0, session_cpu_by_process(), len(cal))}
@@ -153,13 +157,11 @@ def run_overload(args: dict[str, Any], multiple: float = 10.0, max_tokens: int =
                 mode_hdrs = {**hdrs, MODE_HEADER: mode}
                 time.sleep(2.0)  # the previous phase's requests are done; let the engines go idle
                 # a few requests in this mode first: the front door learns this mode's limit from their answers
-                asyncio.run(_fire(base_url, 2, max_tokens, mode_hdrs, timeout_s))
+                _fire(load, base_url, 2, max_tokens, mode_hdrs, timeout_s)
                 first_sample = len(rss.samples)
                 cpu0 = session_cpu_by_process()
-                t0 = time.perf_counter()
-                with client_gc_paused():
-                    recs = asyncio.run(_fire(base_url, num, max_tokens, mode_hdrs, timeout_s, spread_s))
-                phases[name] = {**_summary(recs, time.perf_counter() - t0, sla), "spread_s": round(spread_s, 2),
+                recs, wall = _fire(load, base_url, num, max_tokens, mode_hdrs, timeout_s, spread_s)
+                phases[name] = {**_summary(recs, wall, sla), "spread_s": round(spread_s, 2),
                                 "arrival_rps": round(num / spread_s, 2) if spread_s else None,
                                 "cpu_ms_per_request": cpu_used(cpu0, session_cpu_by_process(), len(recs)),
                                 "rss_peak_mb": round(max(rss.samples[first_sample:] + [session_rss_mb()]), 1)}
@@ -172,6 +174,7 @@ def run_overload(args: dict[str, Any], multiple: float = 10.0, max_tokens: int =
     finally:
         serve.shutdown()
         ray.shutdown()
+        load.__exit__()
     everything = cal + records
     names = [f"{m}:{k}" for m, k, _ in runs]
     overload_peak = max(phases[name]["rss_peak_mb"] for name in names)
@@ -179,6 +182,9 @@ def run_overload(args: dict[str, Any], multiple: float = 10.0, max_tokens: int =
     return {
         "bench": "overload", "admission_limit": limit, "multiple": multiple, "max_tokens": max_tokens,
         "sla": sla, "num_sent": len(everything),
+        "client": {"num_procs": load.num_procs, "timing": "from the request's bytes written to the response's "
+                   "bytes received, kernel receive timestamps (SO_TIMESTAMPNS); *_read_ms: when the load "
+                   "process read them"},
         "num_5xx_other_than_503": sum(1 for r in everything if (r["status"] or 0) >= 500 and r["status"] != 503),
         "num_other_than_200_429_503": sum(1 for r in everything if r["status"] not in (200, 429, 503)),
         "num_no_response": sum(1 for r in everything if r["status"] is None),
@@ -242,8 +248,11 @@ def _summary(records: list[dict], wall_s: float, sla: dict[str, float]) -> dict:
     ok = [r for r in records if r["status"] == 200]
     refused = [r for r in records if r["status"] in (429, 503)]
     other = [r for r in records if r["status"] not in (200, 429, 503)]
-    # a refusal's latency: to the first byte of the 429/503 (the status line and Retry-After arrive together)
+    # a refusal's latency: to the first byte of the 429/503 arriving at the client's socket (the status line
+    # and Retry-After arrive together), by the kernel's receive timestamp; and when the client's loop read it
     refused_s = [r.get("first_byte_s", r["latency_s"]) for r in refused]
+    refused_read_s = [r.get("read_first_byte_s", r["latency_s"]) for r in refused]
+    connect_s = [r["connect_s"] for r in records if "connect_s" in r]
     refused_end_s = [r["latency_s"] for r in refused]
     ok_s = [r["latency_s"] for r in ok]
     ttft = [r["ttft_s"] for r in ok if "ttft_s" in r]
@@ -260,7 +269,10 @@ def _summary(records: list[dict], wall_s: float, sla: dict[str, float]) -> dict:
         "refusal_reasons": dict(Counter(str(r.get("reason"))[:60] for r in refused).most_common(4)),
         "refusal_latency_ms": {"p50": _ms(_pct(refused_s, 0.5)), "p99": _ms(_pct(refused_s, 0.99)),
                                "max": _ms(max(refused_s) if refused_s else None)},
+        "refusal_read_ms": {"p50": _ms(_pct(refused_read_s, 0.5)), "p99": _ms(_pct(refused_read_s, 0.99))},
         "refusal_to_close_ms": {"p50": _ms(_pct(refused_end_s, 0.5)), "p99": _ms(_pct(refused_end_s, 0.99))},
+        # asking for the connection to it being up (the client's own sockets and the kernel's handshake)
+        "connect_ms": {"p50": _ms(_pct(connect_s, 0.5)), "p99": _ms(_pct(connect_s, 0.99))},
         # when in the phase the slow refusals were sent (a warm-up, a stall, or spread evenly)
         "refusal_p99_ms_by_second": _by_second(refused),
         "admitted_latency_s": {"p50": _pct(ok_s, 0.5), "p99": _pct(ok_s, 0.99), "max": max(ok_s) if ok_s else None,

@@ -1,13 +1,11 @@
-"""What the processes of a benchmark session use: every Ray process on the machine and the load generator,
-by process title (RSS, CPU seconds), sampled while a phase runs; and a load generator that does not pause
-for garbage collection mid-phase."""
+"""What the processes of a benchmark session use: every Ray process on the machine, HAProxy and the load
+generator, by process title (RSS, CPU seconds), sampled while a phase runs. (The load itself comes from
+processes of its own with no garbage collection mid-phase, `load_procs.py`.)"""
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import psutil
 
@@ -18,14 +16,27 @@ def is_ray_process(cmd: str) -> bool:
 
 
 def session_processes() -> list[tuple[str, psutil.Process]]:
-    """This process ("load generator") and every Ray process on the machine (raylet, GCS, workers,
-    replicas), each with its title (`ray::ServeReplica:dspark:dspark-verify`, `ray::ProxyActor`, `raylet`)."""
+    """This process and its children ("load generator": the load processes), every Ray process on the
+    machine (raylet, GCS, workers, replicas) and HAProxy ("haproxy", started by Serve), each with its title
+    (`ray::ServeReplica:dspark:dspark-verify`, `ray::ProxyActor`, `raylet`)."""
     me = psutil.Process()
     out: list[tuple[str, psutil.Process]] = [("load generator", me)]
+    mine = {me.pid}
+    try:
+        for child in me.children():  # Ray's own children (raylet, GCS) are counted below, by title
+            if child.name() != "haproxy" and not is_ray_process(" ".join(child.cmdline())):
+                out.append(("load generator", child))
+                mine.add(child.pid)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        pass
     for proc in psutil.process_iter(["name", "cmdline"]):
         try:
             cmd = " ".join(proc.info["cmdline"] or [])
-            if proc.pid != me.pid and is_ray_process(cmd):
+            if proc.pid in mine:
+                continue
+            if proc.info["name"] == "haproxy":
+                out.append(("haproxy", proc))
+            elif is_ray_process(cmd):
                 # a busy replica's title names its method (`...dspark-verify.handle_request`): one key per process
                 title = cmd.split()[0].split(".")[0] if cmd.startswith("ray::") else (proc.info["name"] or "ray")
                 out.append((title, proc))
@@ -99,19 +110,3 @@ class RssSampler:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-
-
-@contextlib.contextmanager
-def client_gc_paused() -> Iterator[None]:
-    """No garbage collection in the load generator while a phase runs. This process has torch, transformers
-    and Ray loaded (millions of objects); a full collection, which the records of earlier phases trigger,
-    stops its event loop for 100-300 ms, and every response waiting to be read then counts that pause as
-    the server's latency. Collected between phases instead."""
-    gc.collect()
-    gc.freeze()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-        gc.unfreeze()

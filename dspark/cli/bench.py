@@ -140,6 +140,9 @@ def bench_overload_cmd(
     rss_margin_mb: float = typer.Option(512.0, min=0.0, help="What the overload phases may take over full load."),
     front_door: str = typer.Option("auto", help="What accepts connections: haproxy (Serve direct ingress behind "
                                    "HAProxy), proxy (Serve's ProxyActor) or auto (haproxy when installed)."),
+    client_procs: int | None = typer.Option(None, min=1, help="Processes the load comes from (each with its own "
+                                            "event loop and a share of the requests); default one per core, "
+                                            "at least 2."),
     set_: list[str] = typer.Option([], "--set", help="KEY=VALUE override of the application's args."),
     out: Path | None = typer.Option(None, help="Also write the JSON here."),
 ) -> None:
@@ -158,7 +161,8 @@ def bench_overload_cmd(
             args[key.strip()] = yaml.safe_load(value)
         with _front_door(front_door) as door:
             res = {**run_overload(args, multiple, max_tokens, rss_bound_mb, rss_margin_mb, burst=burst,
-                                  repeat=repeat, modes=tuple(m.strip() for m in modes.split(",") if m.strip())),
+                                  repeat=repeat, modes=tuple(m.strip() for m in modes.split(",") if m.strip()),
+                                  client_procs=client_procs),
                    "front_door": door}
     except (OSError, ValueError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
