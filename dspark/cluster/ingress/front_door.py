@@ -12,8 +12,8 @@ same code on either door; and with HAProxy a burst past the limit the ingress pu
 itself (429 + Retry-After, `front_door_rules.py`): Serve's HAProxy binary is a wrapper that adds those rules
 to the config Serve generates, then runs the real haproxy.
 
-Either door also starts Ray's workers at niceness 0 (`cpu_priority.REQUEST_PATH_ENV`), so the ingress and
-HAProxy run above the pools on shared cores.
+Either door also starts Ray's workers at niceness 0 (`cpu_priority.REQUEST_PATH_ENV`), so the ingress
+runs above the pools on shared cores; HAProxy puts itself above both (`front_door_rules.raise_priority`).
 
 Ray reads these switches from the environment of the process that starts the cluster (its controller and
 replicas inherit it), so they are set before `ray.init` / `serve run`: `make serve` runs
