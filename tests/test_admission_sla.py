@@ -72,6 +72,31 @@ def test_queueing_past_the_batch_counts_against_the_ttft() -> None:
     assert adm.sla_limit() == 5  # 0.1 + 3 * 0.25 = 0.85 <= 1.0; a 6th would start at 1.1 s
 
 
+def test_the_limit_says_what_bounds_it_and_a_refusal_says_why() -> None:
+    sla = SLATarget(ttft_s=2.0, tpot_s=0.25, headroom=1.0)
+    fresh = Admission(capacity=4, max_queued_requests=4, sla=sla, max_batch=4)
+    assert fresh.sla_limit() == 4 and fresh.limit_reason == "unmeasured"  # one batch, nothing queued
+    by_tpot = _measured(Admission(capacity=32, max_queued_requests=32, sla=sla, max_batch=32),
+                        {1: 0.05, 8: 0.20, 12: 0.30})
+    assert by_tpot.sla_limit() == 10 and by_tpot.limit_reason == "tpot"
+    for _ in range(10):
+        by_tpot.try_enter()
+    assert by_tpot.refusal_reason() == "tpot" and by_tpot.refusal_reason("static") == "full"
+    by_ttft = _measured(Admission(capacity=2, max_queued_requests=20, sla=SLATarget(1.0, 10.0, 1.0), max_batch=2),
+                        {1: 0.01, 2: 0.01})
+    by_ttft.model._run_s = 0.5
+    assert by_ttft.sla_limit() == 5 and by_ttft.limit_reason == "ttft"
+    loose = _measured(Admission(capacity=2, max_queued_requests=1, sla=sla, max_batch=2), {1: 0.01, 2: 0.01})
+    loose.model._run_s = 0.1
+    assert loose.sla_limit() == 3 and loose.limit_reason == "bound"
+    for _ in range(3):
+        loose.try_enter()
+    assert loose.refusal_reason() == "full"
+    assert by_tpot.num_verify_replicas == 1
+    by_tpot.set_replicas(2)
+    assert by_tpot.num_verify_replicas == 2
+
+
 def test_the_limit_grows_with_the_verify_replicas() -> None:
     sla = SLATarget(ttft_s=2.0, tpot_s=0.25, headroom=1.0)
     adm = _measured(Admission(capacity=32, max_queued_requests=64, sla=sla, max_batch=32), {1: 0.05, 8: 0.25})

@@ -62,7 +62,12 @@ _SPECS = [
     MetricSpec("dspark_admission_decisions_total", "counter", "Admission decisions at the ingress: admit, shed "
                "(over the SLA's predicted latency), full (the static bound), quota (a key over its quota).",
                ("decision",)),
+    MetricSpec("dspark_admission_refused_total", "counter", "Requests admission refused, by reason: ttft / tpot "
+               "(one more request's predicted latency over the SLA), unmeasured (before any measurement: one batch "
+               "per verify replica), full (the static bound), quota (a key over its quota).", ("reason",)),
     MetricSpec("dspark_admission_limit", "gauge", "Requests in flight the arm admits within the SLA (ingress)."),
+    MetricSpec("dspark_admission_replicas", "gauge", "Verify replicas the arm's admission counts (its limit grows "
+               "with them)."),
     MetricSpec("dspark_admission_pressure", "gauge", "Demand over what the arm's replicas serve within the SLA "
                "(over 1: shedding, the autoscaler adds replicas)."),
     # engine (verify replicas, or the inline replica)

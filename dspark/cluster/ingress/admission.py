@@ -55,7 +55,8 @@ class Admission:
     model: LatencyModel = field(init=False)
     _done_at: deque = field(default_factory=lambda: deque(maxlen=256))
     _arrivals: deque = field(default_factory=lambda: deque(maxlen=8192))  # (time, was admitted)
-    _limit_cache: tuple[int, int, int] = (-1, -1, 0)  # (model version, replicas, limit)
+    _limit_cache: tuple[int, float, int] = (-1, -1.0, 0)  # (model version, replicas, limit)
+    limit_reason: str = "bound"  # what stopped the SLA limit where it is: ttft | tpot | unmeasured | bound
 
     def __post_init__(self) -> None:
         self.model = LatencyModel(max_batch=max(1, self.max_batch or self.capacity),
@@ -87,25 +88,46 @@ class Admission:
 
     def sla_limit(self) -> int:
         """Most requests in flight whose predicted latency is within the SLA (at least 1, at most the hard
-        bound). An SLA this hardware cannot meet even for one request still admits one at a time."""
+        bound). An SLA this hardware cannot meet even for one request still admits one at a time. What
+        stopped it at that number is `limit_reason`."""
         if self.sla is None:
             return self.hard_limit
         version, replicas, cached = self._limit_cache
         if version == self.model.version and replicas == self.model.num_replicas:
             return cached
         m, s = self.model, self.sla
-        limit = 0
+        limit, reason = 0, "bound"
         for n in range(1, self.hard_limit + 1):
             tpot, ttft = m.predicted_tpot_s(n), m.predicted_ttft_s(n)
             if tpot is None or ttft is None:  # nothing measured yet: one batch per replica, no queue
                 if m.per_replica(n) > (self.cold_start_batch or m.max_batch):
+                    reason = "unmeasured"
                     break
-            elif tpot > s.headroom * s.tpot_s or ttft > s.headroom * s.ttft_s:
+            elif tpot > s.headroom * s.tpot_s:
+                reason = "tpot"
+                break
+            elif ttft > s.headroom * s.ttft_s:
+                reason = "ttft"
                 break
             limit = n
         limit = max(1, limit)
         self._limit_cache = (m.version, m.num_replicas, limit)
+        self.limit_reason = reason
         return limit
+
+    @property
+    def num_verify_replicas(self) -> int:
+        """The arm's verify replicas this admission predicts with (all of them, not this ingress's share)."""
+        return max(1, round(self.model.num_replicas * max(1, self.num_ingress_replicas)))
+
+    def refusal_reason(self, mode: Mode | None = None) -> str:
+        """Why a request refused now is refused: `full` (the static bound) or, under the SLA, the bound that
+        set its limit: `ttft` / `tpot` (one more request's predicted latency), `unmeasured` (before any
+        measurement, one batch per verify replica)."""
+        if self.num_in_flight >= self.hard_limit or (mode or self.mode) == "static":
+            return "full"
+        self.sla_limit()
+        return self.limit_reason
 
     def current_limit(self, mode: Mode | None = None) -> int:
         return self.hard_limit if (mode or self.mode) == "static" else self.sla_limit()

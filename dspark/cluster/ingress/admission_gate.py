@@ -4,8 +4,11 @@ One object per ingress replica, used by the HTTP layer (guard.py, routes.py) at 
 read (`precheck`: a key over its quota, or every arm at its limit, is refused there), when the request's arm
 is known (`enter`), and on every response of the generate routes (`published_headers`: the limit and the
 wait the front door refuses by, front_door_rules.py). It counts its decisions
-(`dspark_admission_decisions_total{decision}`), exports each arm's limit and pressure as gauges, and logs when
-an arm starts and stops shedding, with the numbers that decided it.
+(`dspark_admission_decisions_total{decision}`) and its refusals by reason
+(`dspark_admission_refused_total{reason}`: ttft, tpot, unmeasured, full, quota), exports each arm's limit,
+the verify replicas it counts and its pressure as gauges, and logs (logger `ray.serve`, so in the replica's
+Serve log) every change of an arm's limit or replicas and when an arm starts and stops shedding, with the
+numbers that decided it.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from dspark.cluster.ingress.admission import Admission, Mode
 from dspark.cluster.ingress.quotas import QuotaBook, QuotaDecision
 from dspark.metrics.series import Metrics
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("ray.serve")  # Serve's replica log (a module logger's INFO goes nowhere in a replica)
+LIMIT_LOG_INTERVAL_S = 1.0  # a changed limit is logged at most this often per arm (replica changes at once)
 
 LIMIT_HEADER = "x-dspark-admit-limit"
 RETRY_HEADER = "x-dspark-retry-after"
@@ -42,6 +46,7 @@ class AdmissionGate:
         self.metrics = metrics or {}
         self._is_shedding = dict.fromkeys(admissions, False)
         self._shed_since: dict[str, float] = {}
+        self._logged: dict[str, tuple[int, int, float]] = {}  # arm -> (limit, replicas, when) last logged
         for arm, m in self.metrics.items():
             if arm in admissions:
                 m.refresh_every(lambda arm=arm, m=m: self._gauges(arm, m), interval_s=2.0)
@@ -54,14 +59,14 @@ class AdmissionGate:
         decision: QuotaDecision | None = self.quotas.check(digest) if self.quotas else None
         quota_headers = decision.headers if decision else {}
         if decision is not None and not decision.is_allowed:
-            self._count(None, "quota")
+            self._count(None, "quota", "quota")
             return Refusal(429, f"rate limit reached for this API key ({decision.reason}); retry later",
                            "rate_limit_error", "rate_limit_exceeded",
                            {"Retry-After": str(decision.retry_after_s)}), quota_headers
         if self.admissions and all(a.num_in_flight >= a.current_limit(mode) for a in self.admissions.values()):
             for arm, a in self.admissions.items():  # each arm would have refused it: each counts it
                 a.try_enter(mode)
-                self._count(arm, "shed" if a.num_in_flight < a.hard_limit else "full")
+                self._count(arm, "shed" if a.num_in_flight < a.hard_limit else "full", a.refusal_reason(mode))
                 self._note_shedding(arm, a)
             return Refusal(429, "the server is at capacity; retry later", "rate_limit_error", "overloaded",
                            {"Retry-After": str(self.retry_after_s(mode))}), quota_headers
@@ -74,12 +79,13 @@ class AdmissionGate:
             return None
         if num_verify_replicas:
             adm.set_replicas(num_verify_replicas)
+        self._note_limit(arm, adm)
         if adm.try_enter(mode):
             self._count(arm, "admit")
             self._note_shedding(arm, adm)
             return None
         is_full = adm.num_in_flight >= adm.hard_limit
-        self._count(arm, "full" if is_full else "shed")
+        self._count(arm, "full" if is_full else "shed", adm.refusal_reason(mode))
         self._note_shedding(arm, adm)
         message = ("the server is at capacity; retry later" if is_full else
                    "the server cannot answer this request within its latency target now; retry later")
@@ -111,10 +117,31 @@ class AdmissionGate:
         return out
 
     # ---- bookkeeping -----------------------------------------------------------------------------
-    def _count(self, arm: str | None, decision: str) -> None:
+    def _count(self, arm: str | None, decision: str, reason: str | None = None) -> None:
         m = self.metrics.get(arm or "") or next(iter(self.metrics.values()), None)
         if m is not None:
             m.inc("dspark_admission_decisions_total", decision=decision)
+            if reason is not None:
+                m.inc("dspark_admission_refused_total", reason=reason)
+
+    def _note_limit(self, arm: str, adm: Admission) -> None:
+        """Log a change of the arm's SLA limit (at most once a second) or of the verify replicas it counts
+        (at once), with what bounds the limit and the predicted latency there."""
+        if adm.sla is None:
+            return
+        limit, replicas, now = adm.sla_limit(), adm.num_verify_replicas, time.monotonic()
+        before = self._logged.get(arm)
+        if before is None:
+            self._logged[arm] = (limit, replicas, now)
+            return
+        if (limit, replicas) == before[:2] or (replicas == before[1] and now - before[2] < LIMIT_LOG_INTERVAL_S):
+            return
+        self._logged[arm] = (limit, replicas, now)
+        m = adm.model
+        log.info("admission %s: limit %d -> %d, %d verify replica(s)%s, bound by %s; predicted TTFT %s s / TPOT "
+                 "%s s at the limit", arm, before[0], limit, replicas,
+                 f" (was {before[1]})" if replicas != before[1] else "", adm.limit_reason,
+                 _fmt(m.predicted_ttft_s(limit)), _fmt(m.predicted_tpot_s(limit)))
 
     def _note_shedding(self, arm: str, adm: Admission) -> None:
         """Log the start and the end of shedding (not every refusal), with what decided it."""
@@ -128,17 +155,19 @@ class AdmissionGate:
         if is_shedding:
             self._shed_since[arm] = time.monotonic()
             log.warning("admission %s: shedding: %d in flight, limit %d (static %d), %d verify replica(s), "
-                        "predicted TTFT %s s / TPOT %s s at the limit, pressure %.2f", arm, n, adm.sla_limit(),
-                        adm.hard_limit, m.num_replicas, _fmt(m.predicted_ttft_s(adm.sla_limit())),
-                        _fmt(m.predicted_tpot_s(adm.sla_limit())), adm.pressure())
+                        "bound by %s, predicted TTFT %s s / TPOT %s s at the limit, pressure %.2f", arm, n,
+                        adm.sla_limit(), adm.hard_limit, adm.num_verify_replicas, adm.limit_reason,
+                        _fmt(m.predicted_ttft_s(adm.sla_limit())), _fmt(m.predicted_tpot_s(adm.sla_limit())),
+                        adm.pressure())
         else:
             since = self._shed_since.pop(arm, time.monotonic())
             log.warning("admission %s: stopped shedding after %.1f s: limit %d, %d verify replica(s)", arm,
-                        time.monotonic() - since, adm.sla_limit(), m.num_replicas)
+                        time.monotonic() - since, adm.sla_limit(), adm.num_verify_replicas)
 
     def _gauges(self, arm: str, m: Metrics) -> None:
         a = self.admissions[arm]
         m.set("dspark_admission_limit", a.sla_limit())
+        m.set("dspark_admission_replicas", a.num_verify_replicas)
         m.set("dspark_admission_pressure", a.pressure())
 
 
