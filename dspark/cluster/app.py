@@ -144,7 +144,9 @@ def build_app(args: dict[str, Any]) -> serve.Application:
                                               "min_replicas": config.num_replicas,
                                               "max_replicas": config.num_replicas,
                                               "initial_replicas": config.num_replicas,
-                                              "look_back_period_s": 5.0},
+                                              # the admission pressure reaches the policy within a second
+                                              # (Serve's default report interval is 10 s)
+                                              "metrics_interval_s": 1.0, "look_back_period_s": 5.0},
                                           max_ongoing_requests=config.max_ongoing_requests,
                                           # the proxy's queue also holds requests its router has not
                                           # assigned yet: a burst of the admission limit must fit in it
