@@ -54,3 +54,41 @@ def test_the_engine_thread_computes_with_the_threads_set_not_omp_num_threads(tin
         pytest.skip(res["skip"])
     assert res["plain_thread"] == 1  # what any thread started without it gets (the premise)
     assert res["engine_thread"] == [2]
+
+
+RELEASE = r"""
+import json, os, time
+import torch
+from dspark.kernels import omp_teams
+
+def tasks():
+    return len(os.listdir("/proc/self/task"))
+
+torch.set_num_threads(2)
+a = torch.randn(256, 256)
+before = tasks()
+a @ a  # a parallel region: this thread's team (one more thread) from now on
+with_team = tasks()
+released = omp_teams.release()
+time.sleep(0.2)
+after = tasks()
+again = float((a @ a).sum()) == float((a @ a).sum())  # a region after the release builds its team again
+print(json.dumps({"before": before, "with_team": with_team, "released": released, "after": after,
+                  "again": again, "rebuilt": tasks()}))
+"""
+
+
+def test_releasing_openmp_teams_ends_their_threads_and_later_regions_still_run() -> None:
+    """What the engine loop does before it starts (see dspark/kernels/omp_teams.py): the loading thread's
+    team of OpenMP workers ends, so the loop thread's team is the only one (GNU OpenMP stops spin-waiting
+    where teams outnumber the cores)."""
+    out = subprocess.run([sys.executable, "-c", RELEASE], capture_output=True, text=True, timeout=120, check=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "2"})
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    if not res["released"]:
+        import pytest
+
+        pytest.skip("this OpenMP runtime cannot release its teams (pre-5.0, or none)")
+    assert res["with_team"] > res["before"]
+    assert res["after"] == res["before"]
+    assert res["again"] and res["rebuilt"] == res["with_team"]
