@@ -199,14 +199,27 @@ def _is_row_invariant(linears: list[PlannedLinear], rows: int, kernel: str) -> b
     fraction of the outputs (thousands of a (64, 3072) product, a handful of a small one), so every row
     of two inputs is compared, on the model's own (large) shapes.
     """
-    gen = torch.Generator().manual_seed(rows)
-    for lin in linears[:4] + linears[-1:]:  # every distinct shape of a decoder layer, and the last
-        for _ in range(2):
-            x = torch.randn(rows, lin.weight.shape[1], generator=gen).to(lin.weight.dtype)
-            alone = torch.cat([F.linear(x[i:i + 1], lin.weight, lin.bias) for i in range(rows)])
-            if not torch.equal(lin(x, kernel), alone):
-                return False
-    return True
+    return all(torch.equal(lin(x, kernel), alone) for lin, x, alone in _row_references(linears, rows))
+
+
+_REFERENCES: dict[tuple[int, int], list[tuple[PlannedLinear, torch.Tensor, torch.Tensor]]] = {}
+
+
+def _row_references(linears: list[PlannedLinear], rows: int) -> list[tuple[PlannedLinear, torch.Tensor, torch.Tensor]]:
+    """(linear, x, every row of x alone) for every distinct shape of a decoder layer and the last linear,
+    two inputs each: computed once per set and row count (each check of a candidate compares with them)."""
+    key = (id(linears[0]), rows)
+    refs = _REFERENCES.get(key)
+    if refs is None or refs[0][0] is not linears[0]:
+        gen = torch.Generator().manual_seed(rows)
+        refs = []
+        for lin in linears[:4] + linears[-1:]:
+            for _ in range(2):
+                x = torch.randn(rows, lin.weight.shape[1], generator=gen).to(lin.weight.dtype)
+                refs.append((lin, x, torch.cat([F.linear(x[i:i + 1], lin.weight, lin.bias) for i in range(rows)])))
+        _REFERENCES.clear()  # one set's at a time: measure_plan asks for a set's row counts in turn
+        _REFERENCES[key] = refs
+    return refs
 
 
 def available_kernels(can_pack: bool, weight: torch.Tensor) -> list[str]:
