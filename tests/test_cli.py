@@ -59,6 +59,20 @@ def test_bench_batching_prints_json_last(tiny_target_dir):
     assert set(out["cases"]) and out["max_mixed_over_uniform"] > 0
 
 
+def test_bench_decode_refills_the_batch_from_waves_of_prompts(tiny_target_dir):
+    args = ["bench", "decode", "--target", str(tiny_target_dir), "--batch-sizes", "1,2", "--num-prompts", "1",
+            "--max-new-tokens", "6", "--num-draft-tokens", "3", "--scheduler", "greedy", "--hf-dtypes", "",
+            "--drafters", "ngram"]
+    for waves, num_prompts in ((3, 6), (1, 2)):
+        res = runner.invoke(app, [*args, "--waves", str(waves)])
+        assert res.exit_code == 0, res.output
+        out = json.loads(res.stdout.strip().splitlines()[-1])
+        b2 = out["batch2"]
+        assert out["waves"] == waves and b2["num_prompts"] == num_prompts
+        assert b2["continuous_batching"] is (waves > 1) and out["batch1"]["continuous_batching"] is False
+        assert b2["drafters"]["ngram"]["greedy_identical_to_target_only"]
+
+
 def test_bench_decode_runs_a_dspark_checkpoint_with_and_without_its_sts_side_by_side(tiny_target_dir, tiny_target,
                                                                                    tmp_path):
     from dspark.models.drafters.dspark.config import DSparkConfig

@@ -70,7 +70,7 @@ def test_hidden_states_of_chosen_layers_match_hf(tiny_target: TargetModel) -> No
 
 
 def test_every_gemm_kernel_computes_the_same_linear_at_every_row_count() -> None:
-    from dspark.kernels.gemm_plan import KERNELS, PlannedLinear
+    from dspark.kernels.gemm_plan import KERNELS, PlannedLinear, blocked
 
     gen = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(40, 24, generator=gen), torch.randn(40, generator=gen)
@@ -78,10 +78,25 @@ def test_every_gemm_kernel_computes_the_same_linear_at_every_row_count() -> None
     lin.pack()  # oneDNN where this build has it; "packed" falls back to F.linear otherwise
     for rows in (1, 7, 8, 9, 15, 16, 17, 31, 33):  # wx pads past 8 rows up to the next multiple of 8
         x = torch.randn(rows, 24, generator=gen)
-        for kernel in (*KERNELS, "rowwise"):
+        for kernel in (*KERNELS, blocked("linear", 1), blocked("packed", 8), blocked("wx", 16)):
             out = lin(x, kernel)
             assert out.shape == (rows, 40), kernel
             torch.testing.assert_close(out, torch.nn.functional.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
+
+
+def test_blocked_kernels_give_each_bf16_row_what_it_gets_alone() -> None:
+    """The bf16 fallback: a kernel row-invariant at b rows, run on blocks of b rows (the last one padded),
+    gives every row of any count bit for bit what it gets alone, where the plan found it invariant."""
+    from dspark.kernels.gemm_plan import PlannedLinear, _is_row_invariant, blocked
+
+    gen = torch.Generator().manual_seed(1)
+    lin = PlannedLinear(torch.randn(256, 192, generator=gen).to(torch.bfloat16))
+    lin.pack()
+    for kernel, b in (("linear", 1), ("linear", 4), ("packed", 8)):
+        if not _is_row_invariant([lin], b, kernel):
+            continue  # not invariant here at b rows: the plan would not block with it either
+        for rows in (3, 8, 9, 37, 256):
+            assert _is_row_invariant([lin], rows, blocked(kernel, b)), (kernel, b, rows)
 
 
 def test_runner_matches_hf_under_every_fixed_kernel(tiny_target: TargetModel) -> None:

@@ -53,17 +53,20 @@ def hf_generate_tok_s(model: torch.nn.Module, prompts: list[list[int]], max_new_
     return total_tokens / total_s, outs
 
 
-def run_engine(engine: Engine, prompts: list[list[int]], batch_size: int, max_new_tokens: int) -> ArmResult:
-    """Decode all prompts, batch_size at a time (all admitted together), end to end incl. prefill."""
+def run_engine(engine: Engine, prompts: list[list[int]], batch_size: int, max_new_tokens: int,
+               refill: bool = False) -> ArmResult:
+    """Decode all prompts end to end incl. prefill: batch_size at a time (each group admitted together and
+    run to its end), or with `refill` all at once through the engine's slots (continuous batching)."""
     params = SamplingParams(max_tokens=max_new_tokens, ignore_eos=True)
     engine.generate([prompts[0][:8]], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
     engine.stats.clear()
     outs: list[list[int]] = []
     group_s: list[float] = []
     t0 = time.perf_counter()
-    for i in tqdm(range(0, len(prompts), batch_size), desc=f"engine b={batch_size}", leave=False):
+    group = len(prompts) if refill else batch_size
+    for i in tqdm(range(0, len(prompts), group), desc=f"engine b={batch_size}", leave=False):
         tg = time.perf_counter()
-        outs += [r.output_ids for r in engine.generate(prompts[i:i + batch_size], params)]
+        outs += [r.output_ids for r in engine.generate(prompts[i:i + group], params)]
         group_s.append(time.perf_counter() - tg)
     if engine.runner.device.type == "cuda":
         torch.cuda.synchronize()
@@ -81,17 +84,23 @@ def run_engine(engine: Engine, prompts: list[list[int]], batch_size: int, max_ne
 
 def bench_decode(target: TargetModel, drafters: list[str], batch_sizes: list[int], num_prompts: int,
                  max_new_tokens: int, scheduler: str, num_draft_tokens: int, sps_profile: str | None,
-                 hf_dtypes: list[str], checkpoints: dict[str, str] | None = None, draft_gate: bool = True) -> dict:
+                 hf_dtypes: list[str], checkpoints: dict[str, str] | None = None, draft_gate: bool = True,
+                 waves: int = 1) -> dict:
+    """`waves` > 1: at batch B > 1, waves x B prompts go through B slots, each finished request's slot
+    refilled at the next step (how a serving engine batches). One closed batch of B (waves 1) runs until
+    its slowest request is done: with speculation the batch shrinks to its straggler, whose acceptance
+    then sets the speed of the whole batch."""
     torch.manual_seed(0)
     max_bs = max(batch_sizes)
-    n = max(num_prompts, max_bs)
+    n = max(num_prompts, max_bs * waves)
     picked = mixed_prompts(target.tokenizer, n)
     prompts = [p for _, p in picked]
     eos = target.eos_token_ids[0] if target.eos_token_ids else 0
     result: dict = {"model": target.name, "device": str(target.device), "dtype": str(target.dtype),
                     "num_threads": torch.get_num_threads(), "max_new_tokens": max_new_tokens,
                     "num_prompts_batch1": num_prompts, "datasets": [d for d, _ in picked],
-                    "scheduler": scheduler, "num_draft_tokens": num_draft_tokens, "draft_gate": draft_gate}
+                    "scheduler": scheduler, "num_draft_tokens": num_draft_tokens, "draft_gate": draft_gate,
+                    "waves": waves}
     # HF reference, batch 1, in each dtype
     hf: dict[str, float] = {}
     for dt in hf_dtypes:
@@ -106,11 +115,13 @@ def bench_decode(target: TargetModel, drafters: list[str], batch_sizes: list[int
     best_hf = max(hf.values()) if hf else None
     max_len = max(map(len, prompts)) + max_new_tokens + num_draft_tokens + 2
     for bs in batch_sizes:
-        arm_prompts = prompts[:num_prompts] if bs == 1 else prompts[:bs]
+        arm_prompts = prompts[:num_prompts] if bs == 1 else prompts[:bs * waves]
         cfg = EngineConfig(target=target.name, drafter="none", scheduler="fixed", num_draft_tokens=0,
                            max_num_seqs=bs, max_model_len=max_len)
-        base = run_engine(Engine(cfg, target=target, drafter=None), arm_prompts, bs, max_new_tokens)
-        block: dict = {"target_only_tok_s": base.tok_s, "target_only_step_ms": base.verify_ms, "drafters": {}}
+        refill = bs > 1 and waves > 1
+        base = run_engine(Engine(cfg, target=target, drafter=None), arm_prompts, bs, max_new_tokens, refill)
+        block: dict = {"target_only_tok_s": base.tok_s, "target_only_step_ms": base.verify_ms, "drafters": {},
+                       "num_prompts": len(arm_prompts), "continuous_batching": refill}
         if bs == 1 and "fp32" in hf:
             block["target_only_vs_hf_same_dtype"] = base.tok_s / hf.get(_dtype_key(target.dtype), hf["fp32"])
         for name in drafters:
@@ -123,7 +134,7 @@ def bench_decode(target: TargetModel, drafters: list[str], batch_sizes: list[int
                                num_draft_tokens=num_draft_tokens, sps_profile=sps_profile,
                                max_num_seqs=bs, max_model_len=max_len, draft_gate=draft_gate,
                                scheduler_kwargs={"k": num_draft_tokens} if sched == "fixed" else {})
-            arm = run_engine(Engine(cfg, target=target, drafter=drafter), arm_prompts, bs, max_new_tokens)
+            arm = run_engine(Engine(cfg, target=target, drafter=drafter), arm_prompts, bs, max_new_tokens, refill)
             if bs == 1:
                 by_domain = _per_domain(picked[:len(arm_prompts)], base, arm)
             block["drafters"][name] = {

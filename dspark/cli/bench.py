@@ -37,6 +37,9 @@ def bench_decode_cmd(
                                     "--no-draft-gate lets the scheduler alone pick every length."),
     checkpoint: list[str] = typer.Option([], "--checkpoint", help="NAME=FOLDER: load drafter NAME from FOLDER "
                                          "instead of checkpoints/<name>-smollm2 (repeatable)."),
+    waves: int = typer.Option(4, min=1, help="At batch B > 1: WAVES x B prompts through B slots, each finished "
+                              "request's slot refilled at the next step (continuous batching); 1: one closed "
+                              "batch of B, which ends with its slowest request."),
     target: str = TARGET, device: str = DEVICE, dtype: str | None = DTYPE,
     num_threads: int | None = THREADS,
     out: Path | None = typer.Option(None, help="Also write the JSON here."),
@@ -57,7 +60,7 @@ def bench_decode_cmd(
         res = bench_decode(load_target(target, device, dtype), [d for d in drafters.split(",") if d],
                            [int(b) for b in batch_sizes.split(",")], num_prompts, max_new_tokens, scheduler,
                            num_draft_tokens, sps_profile, _hf_dtypes(hf_dtypes, device), checkpoints,
-                           draft_gate)
+                           draft_gate, waves)
     except (ValueError, FileNotFoundError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

@@ -135,9 +135,13 @@ def calibrate_cmd(
               "trials": {r: {s: t.num_trials for s, t in by.items()} for r, by in fit.tables.items()},
               "heldout_ece": heldout_ece(fit, held, gamma),
               "uncalibrated_ece": heldout_ece(SourceCalibration(), held, gamma)}
-    if write:
-        fit.save(path / "calibration.json")
-        report["written"] = str(path / "calibration.json")
+    if write:  # the regimes this run did not measure keep the tables they had
+        shipped = path / "calibration.json"
+        if shipped.exists():
+            for regime, tables in SourceCalibration.load(shipped).tables.items():
+                fit.tables.setdefault(regime, tables)
+        fit.save(shipped)
+        report["written"] = str(shipped)
     typer.echo(json.dumps(report))
 
 

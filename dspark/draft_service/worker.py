@@ -19,6 +19,7 @@ from dspark.actors.transport import GlooChannel
 from dspark.config.engine import resolve_dtype
 from dspark.config.serve import ServeAppConfig
 from dspark.draft_service.service import DraftService, DraftSpan, serve_channel
+from dspark.kernels import omp_teams
 from dspark.models.drafters.registry import make_drafter
 from dspark.models.target.loader import load_target
 
@@ -58,6 +59,8 @@ class DraftWorker:
                                   daemon=True)
         self.links[link] = (channel, thread)
         self.error = None
+        if not self.links.keys() - {link}:  # the first link: the constructor's team goes (see omp_teams)
+            omp_teams.release()
         thread.start()
 
     def _serve(self, channel: GlooChannel, link: int) -> None:

@@ -29,7 +29,7 @@ from dspark.kernels.machine import cpu_signature
 
 log = logging.getLogger(__name__)
 
-KERNELS = ("linear", "wx", "packed", "mv", "native")  # timed candidates; "rowwise": the row-invariant fallback
+KERNELS = ("linear", "wx", "packed", "mv", "native")  # timed candidates; see `blocked` for the bf16 fallback
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # the native kernel is kept if within this factor of the fastest: at those row counts the runner's fused
 # path (native.py) also saves the ~2 ms of small PyTorch ops a step around the GEMMs, and a kernel used
@@ -57,7 +57,11 @@ class GemmPlan:
 
     @property
     def uses_packed(self) -> bool:
-        return "packed" in self.layer_kernels.values() or "packed" in self.head_kernels.values()
+        return "packed" in self.base_kernels()
+
+    def base_kernels(self) -> set[str]:
+        """The kernels the plan runs, blocked ones by their inner kernel."""
+        return {k.partition("/")[0] for k in (*self.layer_kernels.values(), *self.head_kernels.values())}
 
     def to_json(self) -> dict:
         return {"layer_kernels": self.layer_kernels, "head_kernels": self.head_kernels, "meta": self.meta}
@@ -102,8 +106,9 @@ class PlannedLinear:
         """x (T, in) -> (T, out); "wx" returns a transposed view, which the following ops accept."""
         if kernel == "packed" and self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
-        if kernel == "rowwise":  # each row exactly as alone: the row-invariant fallback
-            return torch.cat([F.linear(x[i:i + 1], self.weight, self.bias) for i in range(x.shape[0])])
+        if "/" in kernel:  # "<kernel>/<rows>": see `blocked`
+            inner, _, block = kernel.partition("/")
+            return _in_blocks(x, int(block), lambda part: self(part, inner))
         if kernel == "native":
             from dspark.kernels import native
 
@@ -115,6 +120,27 @@ class PlannedLinear:
         else:
             return F.linear(x, self.weight, self.bias)
         return out + self.bias if self.bias is not None else out
+
+
+def blocked(kernel: str, rows: int) -> str:
+    """`kernel` applied to consecutive blocks of exactly `rows` rows, the last block zero-padded.
+
+    The bf16 fallback where no kernel is row-invariant at a bucket (oneDNN's bf16 GEMMs change their
+    reduction order past ~32 rows): a kernel that is row-invariant at `rows` rows stays so on every block,
+    since each block has exactly the shape it was checked at. The weight is read once per block, where
+    the old fallback (one GEMV per row) read it once per row: 256 prompt rows took 256 weight reads.
+    """
+    return f"{kernel}/{rows}"
+
+
+def _in_blocks(x: torch.Tensor, block: int, apply: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    rows = x.shape[0]
+    if rows == block:
+        return apply(x)
+    pad = -rows % block
+    xp = torch.cat([x, x.new_zeros(pad, x.shape[1])]) if pad else x
+    out = torch.cat([apply(xp[i:i + block]) for i in range(0, xp.shape[0], block)])
+    return out[:rows] if pad else out
 
 
 def wx_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -173,14 +199,27 @@ def _is_row_invariant(linears: list[PlannedLinear], rows: int, kernel: str) -> b
     fraction of the outputs (thousands of a (64, 3072) product, a handful of a small one), so every row
     of two inputs is compared, on the model's own (large) shapes.
     """
-    gen = torch.Generator().manual_seed(rows)
-    for lin in linears[:4] + linears[-1:]:  # every distinct shape of a decoder layer, and the last
-        for _ in range(2):
-            x = torch.randn(rows, lin.weight.shape[1], generator=gen).to(lin.weight.dtype)
-            alone = torch.cat([F.linear(x[i:i + 1], lin.weight, lin.bias) for i in range(rows)])
-            if not torch.equal(lin(x, kernel), alone):
-                return False
-    return True
+    return all(torch.equal(lin(x, kernel), alone) for lin, x, alone in _row_references(linears, rows))
+
+
+_REFERENCES: dict[tuple[int, int], list[tuple[PlannedLinear, torch.Tensor, torch.Tensor]]] = {}
+
+
+def _row_references(linears: list[PlannedLinear], rows: int) -> list[tuple[PlannedLinear, torch.Tensor, torch.Tensor]]:
+    """(linear, x, every row of x alone) for every distinct shape of a decoder layer and the last linear,
+    two inputs each: computed once per set and row count (each check of a candidate compares with them)."""
+    key = (id(linears[0]), rows)
+    refs = _REFERENCES.get(key)
+    if refs is None or refs[0][0] is not linears[0]:
+        gen = torch.Generator().manual_seed(rows)
+        refs = []
+        for lin in linears[:4] + linears[-1:]:
+            for _ in range(2):
+                x = torch.randn(rows, lin.weight.shape[1], generator=gen).to(lin.weight.dtype)
+                refs.append((lin, x, torch.cat([F.linear(x[i:i + 1], lin.weight, lin.bias) for i in range(rows)])))
+        _REFERENCES.clear()  # one set's at a time: measure_plan asks for a set's row counts in turn
+        _REFERENCES[key] = refs
+    return refs
 
 
 def available_kernels(can_pack: bool, weight: torch.Tensor) -> list[str]:
@@ -192,7 +231,7 @@ def available_kernels(can_pack: bool, weight: torch.Tensor) -> list[str]:
 
 def _drop_unused_copies(plan: GemmPlan, linears: list[PlannedLinear]) -> None:
     """A kernel's weight copy (oneDNN's, the native layout) is kept only where the plan uses that kernel."""
-    used = set(plan.layer_kernels.values()) | set(plan.head_kernels.values())
+    used = plan.base_kernels()
     for lin in linears:
         if "packed" not in used:
             lin.packed = None
@@ -221,9 +260,12 @@ def measure_plan(layers: list[PlannedLinear], head: PlannedLinear, num_repeats: 
                     variant = [k for k in kernels if not _is_row_invariant(linears, rows, k)]
                     rejected[group][rows] = variant
                     kernels = [k for k in kernels if k not in variant]
-                    if not kernels:  # none is: one row at a time, the reference itself (slow, exact)
+                    if not kernels:  # none is: an invariant kernel of a smaller bucket, block by block
                         fallback.append(f"{group}@{rows}")
-                        kernels = ["rowwise"]
+                        kernels = [blocked(choice[group][b], b) for b in ROW_BUCKETS if b < rows
+                                   and "/" not in choice[group][b]
+                                   and _is_row_invariant(linears, rows, blocked(choice[group][b], b))]
+                        kernels = kernels or [blocked("linear", 1)]  # one row at a time: the reference
                 times = {k: _time_kernel(linears, rows, k, num_repeats) for k in kernels}
                 timings[group][rows] = {k: round(v, 3) for k, v in times.items()}
                 best = min(times, key=times.__getitem__)
@@ -240,7 +282,8 @@ def plan_key(layers: list[PlannedLinear], head: PlannedLinear, row_invariant: bo
     shapes = sorted({tuple(lin.weight.shape) for lin in layers}) + [tuple(head.weight.shape)]
     ident = {"cpu": cpu_signature(), "torch": torch.__version__, "threads": torch.get_num_threads(),
              "dtype": str(head.weight.dtype), "shapes": shapes, "num_layers": len(layers),
-             "row_invariant": row_invariant, "kernels": available_kernels(True, head.weight)}
+             "row_invariant": row_invariant, "kernels": available_kernels(True, head.weight),
+             "fallback": "blocked"}  # plans of the one-row-at-a-time fallback are measured again
     if "native" in ident["kernels"]:
         from dspark.kernels import native
 

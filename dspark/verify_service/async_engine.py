@@ -9,6 +9,7 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
 
+from dspark.kernels import omp_teams
 from dspark.verify_service.engine import Engine
 from dspark.verify_service.heap import release_free_memory
 from dspark.verify_service.request import RequestOutput, SamplingParams
@@ -41,6 +42,7 @@ class AsyncEngine:
         self._error: BaseException | None = None
         self._stepped_since_trim = False
         self.num_trims = 0  # idle spells after work whose freed heap went back to the OS
+        omp_teams.release()  # the loading thread's team would halve the loop thread's speed (see there)
         self._thread = threading.Thread(target=self._loop, name="dspark-engine", daemon=True)
         self._thread.start()
 
