@@ -3,7 +3,7 @@ its own sockets; the records are gathered back in request order.
 
 One Python process opens a burst of ~1,300 connections one after the other and reads their responses one
 callback at a time: against a bare HAProxy answering 1,280 refusals (kernel receive time p99 under 1 ms)
-one process read them at p99 25-60 ms, and the session-29 bench counted that as the server's latency.
+one process read them at p99 25-60 ms, a wait the session-29 bench counted with the server's.
 Records are now timed by the kernel's receive timestamps (`raw_http.post`; the read time is kept beside),
 and the burst comes from `num_procs` processes (started once, before the phases, with no torch or Ray in
 them), each sending `1/num_procs` of the requests, interleaved so that every process's share arrives

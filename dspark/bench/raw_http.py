@@ -3,11 +3,12 @@
 Thousands of requests at once: with asyncio streams (or httpx's pool) the time a response waits for its
 coroutine to be resumed, behind every other connection's work, is counted as the server's latency (a burst
 of 1,280 measured ~120 ms per refusal that HAProxy answered in ~1 ms); even a callback that takes the time
-as soon as its loop polls the socket (what this module did before) counts the client's own queue (p50
-52 ms / p99 77 ms for a burst of 1,280 refusals from one process). Here every read also asks the kernel when
-the bytes arrived on the socket (`SO_TIMESTAMPNS`), so the latency measured is from the request's bytes
-being written to the response's bytes arriving, whatever the load generator was doing meanwhile; the time
-the client's loop read them is kept beside it. Load from several processes: `load_procs.py`.
+as soon as its loop polls the socket (what this module did before) counts the client's own queue (a bare
+HAProxy's 1,280 refusals, received by the kernel within 1 ms, read by one process at p99 25-60 ms). Here
+every read also asks the kernel when the bytes arrived on the socket (`SO_TIMESTAMPNS`), so the latency
+measured is from the request's bytes being written to the response's bytes arriving, whatever the load
+generator was doing meanwhile; the time the client's loop read them is kept beside it. Load from several
+processes: `load_procs.py`.
 """
 
 from __future__ import annotations

@@ -21,9 +21,10 @@ Before the exec it also puts HAProxy first on the CPU (`raise_priority`): a sess
 kernel schedules by session groups, `sched_autogroup`, a group of its own) at niceness `DSPARK_HAPROXY_NICE`
 (default -10). A refusal costs HAProxy ~50 µs of CPU, but in a burst it shares the cores with everything
 the burst wakes (the ingress, the pools, a load generator on the same machine): measured on the 2-core
-Xeon, HAProxy at niceness 0 in Ray's session group sent its first answers 30-95 ms into a burst of 1,280
-(docs/results/ops/README.md). Raising a priority needs CAP_SYS_NICE (root has it); without it HAProxy keeps
-the niceness it was started with, and this says so on stderr.
+Xeon, HAProxy at niceness 0 in Ray's session group sent its first answers 30-95 ms into a burst of 1,280;
+raised, it answered some bursts within a few ms and others still late (docs/results/ops/README.md).
+Raising a priority needs CAP_SYS_NICE (root has it); without it HAProxy keeps the niceness it was started
+with, and this says so on stderr.
 """
 
 from __future__ import annotations
@@ -59,8 +60,8 @@ def frontend_rules(backend: str) -> list[str]:
     return [
         f"    {MARKER}: refuse generate requests past the limit the ingress publishes ({backend})",
         # in flight: the generate requests forwarded and not yet ended, counted the moment each is let through
-        # (a stick counter); the backend's connection count (be_conn) lags a burst, whose first hundred
-        # requests would all see room and go through to the ingress, to be refused there, in Python
+        # (a stick counter; the backend's connection count, be_conn, also counts idle pooled connections and
+        # not those still connecting)
         f"    http-request set-var(txn.dspark_busy_{v}) int(0),table_conn_cur({table}) if dspark_generate is_{backend}",
         f"    http-request set-var(txn.dspark_room_{v}) nbsrv({backend}),mul(proc.dspark_limit_{v}),"
         f"sub(txn.dspark_busy_{v}) if dspark_generate is_{backend} {{ var(proc.dspark_limit_{v}) -m found }}",
