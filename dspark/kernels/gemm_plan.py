@@ -272,6 +272,7 @@ def measure_plan(layers: list[PlannedLinear], head: PlannedLinear, num_repeats: 
                 if times.get("native", float("inf")) <= NATIVE_PREFERENCE * times[best]:
                     best = "native"  # see NATIVE_PREFERENCE
                 choice[group][rows] = best
+    _REFERENCES.clear()  # they hold the weights: not past the measurement
     plan = GemmPlan(choice["layers"], choice["head"], {"timings_ms": timings, "row_variant": rejected,
                                                        "row_invariant_fallback": fallback})
     _drop_unused_copies(plan, layers + [head])
