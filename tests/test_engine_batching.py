@@ -62,8 +62,11 @@ def test_one_target_forward_per_step(tiny_target, monkeypatch):
     for p in prompts[1:]:
         engine.add_request(p, SamplingParams(max_tokens=10, ignore_eos=True))
     calls.clear()
-    engine.step()  # one prefill forward for the 3 newcomers, then ONE verify forward over all 4
-    assert calls == [3, 4]
+    engine.step()  # the 3 newcomers' prompts ride in request 0's verify forward: ONE forward of 4 chunks
+    assert calls == [4]
+    calls.clear()
+    engine.step()  # then ONE verify forward over all 4
+    assert calls == [4]
     assert torch.is_tensor(engine.runner.cache.k[0])
 
 

@@ -134,6 +134,7 @@ def test_attention_split_into_runs_of_rows_by_length_matches_hf(tiny_target: Tar
 
     num = ATTENTION_GROUP_ROWS + 9  # more rows than one run: the short run reads fewer keys
     runner = TargetRunner(tiny_target.model, max_num_seqs=num, max_model_len=160)
+    runner.fused, runner.native_attention = None, False  # the SDPA path, whose calls are split by length
     gen = torch.Generator().manual_seed(3)
     lengths = [120 if i < ATTENTION_GROUP_ROWS else 6 for i in range(num)]
     seqs = [torch.randint(4, runner.vocab_size, (n + 1,), generator=gen) for n in lengths]
@@ -143,4 +144,5 @@ def test_attention_split_into_runs_of_rows_by_length_matches_hf(tiny_target: Tar
     out = runner.forward([SeqChunk(s, len(q) - 1, q[-1:].tolist(), 1) for s, q in zip(slots, seqs)])
     with torch.no_grad():
         refs = torch.stack([tiny_target.model(q[None]).logits[0, -1] for q in seqs])
-    torch.testing.assert_close(out.logits, refs, atol=1e-5, rtol=1e-5)
+    # fp32 in another summation order than HF's: ~1e-5 apart at most (a wrong key range is off by ~1e-1)
+    torch.testing.assert_close(out.logits, refs, atol=5e-5, rtol=1e-5)

@@ -263,113 +263,158 @@ static inline __attribute__((always_inline)) void prefetch_rows(const void *base
     for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)base + (at + j * stride) * size + b);
 }
 
-/* An item is one token and a run of its KV heads: all of them when there are enough tokens to share among the
- * threads (a key's row is then read whole, one sequential stream per token), else one KV head each. Keys (and
- * values) go in blocks of 16: a block's scores for one query head are 16 dot products folded into one vector
- * (head_dim a multiple of 16; `hd` is a literal 64 for the common head size, so the chunk loops unroll). In
- * bf16 a block is widened once into an fp32 buffer that serves all the item's heads. */
+/* Work is cut into pieces: runs of consecutive tokens that read the same slot from the same first key (the
+ * 1 + l tokens of a verify chunk, a prompt chunk), at most ceil(T / threads) and ATTN_MAX_Q tokens each. A piece
+ * reads its keys and values block by block ONCE for all its queries (a block stays in L1 while they use it):
+ * a verify chunk of 8 tokens no longer reads its slot's cache 8 times. An item is one piece and a run of its
+ * KV heads: all of them when there are enough pieces to share among the threads (a key's row is then read
+ * whole), else one KV head each. Keys (and values) go in blocks of 16: a block's scores for one query head
+ * are 16 dot products folded into one vector (head_dim a multiple of 16; `hd` is a literal 64 for the common
+ * head size, so the chunk loops unroll). In bf16 a block is widened once into an fp32 buffer that serves all
+ * the item's queries and heads.
+ * Row invariance: every query runs the same operations in the same order whatever piece or item it falls in
+ * (the same blocks of 16 from its first key, its own accumulators, its own softmax), so a token's result is
+ * bit for bit the same whether its step carries 1 token or 256. */
 #define KEYS 16
 #define ATTN_MAX_HD 256
+#define ATTN_MAX_Q 16
 static inline __attribute__((always_inline)) void attention_generic(
     int64_t T, const void *q, int64_t q_stride, const void *k_cache, const void *v_cache, const int64_t *key_row,
     const int64_t *num_keys, void *out, float *probs, int64_t num_heads, int64_t num_kv_heads, const int64_t hd,
     float scale, int64_t max_keys, int64_t tid, int64_t nthr, int bf16) {
   int64_t nkv = num_kv_heads * hd, group = num_heads / num_kv_heads, nc = hd / 16;
-  int64_t split = T >= 2 * nthr ? 1 : num_kv_heads, heads = num_kv_heads / split, width = heads * hd;
-  /* per thread: q heads widened (heads * group, hd) | a key or value block (KEYS, width) | accumulators */
-  float *buf = malloc(sizeof(float) * (size_t)(heads * group * hd + KEYS * width) + sizeof(vf16) * heads * group * nc);
-  float *qbuf = buf, *blk = qbuf + heads * group * hd;
-  vf16 *acc = (vf16 *)(blk + KEYS * width);
-  for (int64_t item = tid; item < T * split; item += nthr) {
-    int64_t t = item / split, h0 = (item % split) * heads, n = num_keys[t];
-    int64_t k0 = key_row[t] * nkv + h0 * hd, stride = bf16 ? width : nkv;
-    float *p0 = probs + (t * num_heads + h0 * group) * max_keys; /* (heads * group, max_keys) */
-    const float *qh = as_f32(q, t * q_stride + h0 * group * hd, heads * group * hd, qbuf, bf16);
-    for (int64_t j0 = 0; j0 < n; j0 += KEYS) {
-      int64_t nb = n - j0 < KEYS ? n - j0 : KEYS;
+  int64_t cap = (T + nthr - 1) / nthr;
+  cap = cap < 1 ? 1 : cap > ATTN_MAX_Q ? ATTN_MAX_Q : cap;
+  int64_t *piece = malloc(sizeof(int64_t) * (size_t)(T + 1)), num_pieces = 0;
+  for (int64_t t = 0; t < T;) { /* every thread cuts the same pieces */
+    int64_t e = t + 1;
+    while (e < T && e - t < cap && key_row[e] == key_row[t]) e++;
+    piece[num_pieces++] = t;
+    t = e;
+  }
+  piece[num_pieces] = T;
+  int64_t split = num_pieces >= 2 * nthr ? 1 : num_kv_heads, heads = num_kv_heads / split, width = heads * hd;
+  int64_t hq = heads * group; /* query heads per item */
+  /* per thread: q heads widened (cap, hq, hd) | a key or value block (KEYS, width) | accumulators (cap, hq, nc) */
+  float *buf = malloc(sizeof(float) * (size_t)(cap * hq * hd + KEYS * width) + sizeof(vf16) * (size_t)(cap * hq * nc));
+  float *qbuf = buf, *blk = qbuf + cap * hq * hd;
+  vf16 *acc_all = (vf16 *)(blk + KEYS * width);
+  for (int64_t item = tid; item < num_pieces * split; item += nthr) {
+    int64_t pc = item / split, h0 = (item % split) * heads, t0 = piece[pc], nq = piece[pc + 1] - t0, n_max = 0;
+    for (int64_t i = 0; i < nq; i++) n_max = num_keys[t0 + i] > n_max ? num_keys[t0 + i] : n_max;
+    int64_t k0 = key_row[t0] * nkv + h0 * hd, stride = bf16 ? width : nkv;
+    const float *qh_of[ATTN_MAX_Q];
+    for (int64_t i = 0; i < nq; i++)
+      qh_of[i] = as_f32(q, (t0 + i) * q_stride + h0 * group * hd, hq * hd, qbuf + i * hq * hd, bf16);
+    for (int64_t j0 = 0; j0 < n_max; j0 += KEYS) {
+      int64_t nb_max = n_max - j0 < KEYS ? n_max - j0 : KEYS;
       const float *kb = bf16 ? blk : (const float *)k_cache + k0 + j0 * nkv;
-      prefetch_rows(k_cache, k0 + (j0 + KEYS) * nkv, n - j0 - KEYS, nkv, width, bf16);
+      prefetch_rows(k_cache, k0 + (j0 + KEYS) * nkv, n_max - j0 - KEYS, nkv, width, bf16);
 #ifdef __AVX512BF16__
       if (bf16 && hd % 32 == 0) { /* bf16 pairs multiplied exactly and summed into fp32 lanes: no widening */
-        for (int64_t hg = 0; hg < heads * group; hg++) {
-          const uint16_t *qg = (const uint16_t *)q + t * q_stride + (h0 * group + hg) * hd;
-          const uint16_t *kh = (const uint16_t *)k_cache + k0 + j0 * nkv + (hg / group) * hd;
-          vf16 part[KEYS];
-          for (int64_t j = 0; j < KEYS; j++) {
-            __m512 s = _mm512_setzero_ps();
-            if (j < nb)
-              for (int64_t c = 0; c < hd / 32; c++)
-                s = _mm512_dpbf16_ps(s, (__m512bh)_mm512_loadu_si512(qg + 32 * c),
-                                     (__m512bh)_mm512_loadu_si512(kh + j * nkv + 32 * c));
-            part[j] = (vf16)s;
+        for (int64_t i = 0; i < nq; i++) {
+          int64_t t = t0 + i, n = num_keys[t];
+          if (j0 >= n) continue;
+          int64_t nb = n - j0 < KEYS ? n - j0 : KEYS;
+          float *p0 = probs + (t * num_heads + h0 * group) * max_keys;
+          for (int64_t hg = 0; hg < hq; hg++) {
+            const uint16_t *qg = (const uint16_t *)q + t * q_stride + (h0 * group + hg) * hd;
+            const uint16_t *kh = (const uint16_t *)k_cache + k0 + j0 * nkv + (hg / group) * hd;
+            vf16 part[KEYS];
+            for (int64_t j = 0; j < KEYS; j++) {
+              __m512 s = _mm512_setzero_ps();
+              if (j < nb)
+                for (int64_t c = 0; c < hd / 32; c++)
+                  s = _mm512_dpbf16_ps(s, (__m512bh)_mm512_loadu_si512(qg + 32 * c),
+                                       (__m512bh)_mm512_loadu_si512(kh + j * nkv + 32 * c));
+              part[j] = (vf16)s;
+            }
+            vf16 sc = sum_lanes16(part) * scale;
+            float *p = p0 + hg * max_keys + j0;
+            for (int64_t j = 0; j < nb; j++) p[j] = sc[j];
           }
-          vf16 sc = sum_lanes16(part) * scale;
-          float *p = p0 + hg * max_keys + j0;
-          for (int64_t j = 0; j < nb; j++) p[j] = sc[j];
         }
         continue;
       }
 #endif
       if (bf16)
-        for (int64_t j = 0; j < nb; j++) as_f32(k_cache, k0 + (j0 + j) * nkv, width, blk + j * width, 1);
-      for (int64_t hg = 0; hg < heads * group; hg++) { /* query head h0 * group + hg reads KV head h0 + hg / group */
-        const float *qg = qh + hg * hd, *kh = kb + (hg / group) * hd;
-        vf16 part[KEYS];
-        for (int64_t j = 0; j < KEYS; j++) {
-          vf16 s = {0};
-          if (j < nb)
-            for (int64_t c = 0; c < nc; c++) s += load16(qg + 16 * c) * load16(kh + j * stride + 16 * c);
-          part[j] = s;
-        }
-        vf16 sc = sum_lanes16(part) * scale;
-        float *p = p0 + hg * max_keys + j0;
-        if (nb == KEYS)
-          *(vf16 *)p = sc;
-        else
-          for (int64_t j = 0; j < nb; j++) p[j] = sc[j];
-      }
-    }
-    prefetch_rows(v_cache, k0, n, nkv, width, bf16);
-    for (int64_t hg = 0; hg < heads * group; hg++) {
-      float *p = p0 + hg * max_keys, mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-      for (int64_t j = 0; j < n; j++) mx = p[j] > mx ? p[j] : mx;
-      float inv = 1.0f / exp_shifted(p, n, mx);
-      for (int64_t j = 0; j < n; j++) p[j] *= inv;
-      for (int64_t c = 0; c < nc; c++) acc[hg * nc + c] = (vf16){0};
-    }
-    for (int64_t j0 = 0; j0 < n; j0 += KEYS) {
-      int64_t nb = n - j0 < KEYS ? n - j0 : KEYS;
-      const float *vb = bf16 ? blk : (const float *)v_cache + k0 + j0 * nkv;
-      prefetch_rows(v_cache, k0 + (j0 + KEYS) * nkv, n - j0 - KEYS, nkv, width, bf16);
-      if (bf16)
-        for (int64_t j = 0; j < nb; j++) as_f32(v_cache, k0 + (j0 + j) * nkv, width, blk + j * width, 1);
-      for (int64_t hg = 0; hg < heads * group; hg++) {
-        /* in registers within the block, even and odd keys apart: two FMA chains instead of one per chunk */
-        const float *p = p0 + hg * max_keys + j0, *vh = vb + (hg / group) * hd;
-        vf16 *a = acc + hg * nc, even[ATTN_MAX_HD / 16], odd[ATTN_MAX_HD / 16];
-        for (int64_t c = 0; c < nc; c++) even[c] = a[c], odd[c] = (vf16){0};
-        int64_t j = 0;
-        for (; j + 1 < nb; j += 2)
-          for (int64_t c = 0; c < nc; c++) {
-            even[c] += p[j] * load16(vh + j * stride + 16 * c);
-            odd[c] += p[j + 1] * load16(vh + (j + 1) * stride + 16 * c);
+        for (int64_t j = 0; j < nb_max; j++) as_f32(k_cache, k0 + (j0 + j) * nkv, width, blk + j * width, 1);
+      for (int64_t i = 0; i < nq; i++) {
+        int64_t t = t0 + i, n = num_keys[t];
+        if (j0 >= n) continue;
+        int64_t nb = n - j0 < KEYS ? n - j0 : KEYS;
+        float *p0 = probs + (t * num_heads + h0 * group) * max_keys;
+        for (int64_t hg = 0; hg < hq; hg++) { /* query head h0 * group + hg reads KV head h0 + hg / group */
+          const float *qg = qh_of[i] + hg * hd, *kh = kb + (hg / group) * hd;
+          vf16 part[KEYS];
+          for (int64_t j = 0; j < KEYS; j++) {
+            vf16 s = {0};
+            if (j < nb)
+              for (int64_t c = 0; c < nc; c++) s += load16(qg + 16 * c) * load16(kh + j * stride + 16 * c);
+            part[j] = s;
           }
-        if (j < nb)
-          for (int64_t c = 0; c < nc; c++) even[c] += p[j] * load16(vh + j * stride + 16 * c);
-        for (int64_t c = 0; c < nc; c++) a[c] = even[c] + odd[c];
+          vf16 sc = sum_lanes16(part) * scale;
+          float *p = p0 + hg * max_keys + j0;
+          if (nb == KEYS)
+            *(vf16 *)p = sc;
+          else
+            for (int64_t j = 0; j < nb; j++) p[j] = sc[j];
+        }
       }
     }
-    for (int64_t hg = 0; hg < heads * group; hg++) {
-      int64_t at = t * num_heads * hd + (h0 * group + hg) * hd;
-      const float *a = (const float *)(acc + hg * nc);
-      if (bf16)
-        for (int64_t i = 0; i < hd; i++) ((uint16_t *)out)[at + i] = f32_to_bf16(a[i]);
-      else
-        memcpy((float *)out + at, a, (size_t)hd * sizeof(float));
+    prefetch_rows(v_cache, k0, n_max, nkv, width, bf16);
+    for (int64_t i = 0; i < nq; i++) {
+      int64_t t = t0 + i, n = num_keys[t];
+      float *p0 = probs + (t * num_heads + h0 * group) * max_keys;
+      for (int64_t hg = 0; hg < hq; hg++) {
+        float *p = p0 + hg * max_keys, mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+        for (int64_t j = 0; j < n; j++) mx = p[j] > mx ? p[j] : mx;
+        float inv = 1.0f / exp_shifted(p, n, mx);
+        for (int64_t j = 0; j < n; j++) p[j] *= inv;
+        for (int64_t c = 0; c < nc; c++) acc_all[(i * hq + hg) * nc + c] = (vf16){0};
+      }
     }
+    for (int64_t j0 = 0; j0 < n_max; j0 += KEYS) {
+      int64_t nb_max = n_max - j0 < KEYS ? n_max - j0 : KEYS;
+      const float *vb = bf16 ? blk : (const float *)v_cache + k0 + j0 * nkv;
+      prefetch_rows(v_cache, k0 + (j0 + KEYS) * nkv, n_max - j0 - KEYS, nkv, width, bf16);
+      if (bf16)
+        for (int64_t j = 0; j < nb_max; j++) as_f32(v_cache, k0 + (j0 + j) * nkv, width, blk + j * width, 1);
+      for (int64_t i = 0; i < nq; i++) {
+        int64_t t = t0 + i, n = num_keys[t];
+        if (j0 >= n) continue;
+        int64_t nb = n - j0 < KEYS ? n - j0 : KEYS;
+        const float *p0 = probs + (t * num_heads + h0 * group) * max_keys;
+        for (int64_t hg = 0; hg < hq; hg++) {
+          /* in registers within the block, even and odd keys apart: two FMA chains instead of one per chunk */
+          const float *p = p0 + hg * max_keys + j0, *vh = vb + (hg / group) * hd;
+          vf16 *a = acc_all + (i * hq + hg) * nc, even[ATTN_MAX_HD / 16], odd[ATTN_MAX_HD / 16];
+          for (int64_t c = 0; c < nc; c++) even[c] = a[c], odd[c] = (vf16){0};
+          int64_t j = 0;
+          for (; j + 1 < nb; j += 2)
+            for (int64_t c = 0; c < nc; c++) {
+              even[c] += p[j] * load16(vh + j * stride + 16 * c);
+              odd[c] += p[j + 1] * load16(vh + (j + 1) * stride + 16 * c);
+            }
+          if (j < nb)
+            for (int64_t c = 0; c < nc; c++) even[c] += p[j] * load16(vh + j * stride + 16 * c);
+          for (int64_t c = 0; c < nc; c++) a[c] = even[c] + odd[c];
+        }
+      }
+    }
+    for (int64_t i = 0; i < nq; i++)
+      for (int64_t hg = 0; hg < hq; hg++) {
+        int64_t at = (t0 + i) * num_heads * hd + (h0 * group + hg) * hd;
+        const float *a = (const float *)(acc_all + (i * hq + hg) * nc);
+        if (bf16)
+          for (int64_t x = 0; x < hd; x++) ((uint16_t *)out)[at + x] = f32_to_bf16(a[x]);
+        else
+          memcpy((float *)out + at, a, (size_t)hd * sizeof(float));
+      }
   }
   free(buf);
+  free(piece);
 }
 
 /* hd a literal where it is 64 (the chunk loops then unroll into registers), any multiple of 16 otherwise. */

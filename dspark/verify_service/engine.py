@@ -22,7 +22,7 @@ from dspark.config.engine import EngineConfig, resolve_dtype
 from dspark.models.drafters.base import Drafter, DraftOutput
 from dspark.models.drafters.registry import make_drafter
 from dspark.models.target.generic_runner import GenericRunner
-from dspark.models.target.layer import SeqChunk
+from dspark.models.target.layer import ForwardOutput, SeqChunk
 from dspark.models.target.loader import TargetModel, load_target
 from dspark.models.target.profiles import load_sps
 from dspark.models.target.runner import TargetRunner
@@ -106,6 +106,7 @@ class Engine:
         self._last_round: tuple[float, float] | None = None  # perf_counter start and end of the last round
         self._prefill_ms = 0.0  # admission (prefill) time since the last round, kept out of the gate's O
         self._rider_logits: torch.Tensor | None = None  # the riders' logits of the last round (see _round)
+        self._rider_hidden: ForwardOutput | None = None  # and their hidden states, where the drafter taps them
         # off on the generic runner (generic_runner.py): its requests keep HF caches, no shared K/V rows
         self.prefix_cache = (PrefixCache(config.prefix_cache_mb * 2**20)
                              if config.prefix_cache_mb > 0 and getattr(self.runner, "supports_prefix_cache", True)
@@ -153,8 +154,8 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """Admit waiting requests (prefill), then one draft-schedule-verify-commit round.
 
-        Target-only on the native-attention path: the prompts admitted this step ride in the same forward
-        as the running requests' tokens (`_fused_admission_step`): one pass over the weights, not two."""
+        On the native-attention path the prompts admitted this step ride in the same forward as the running
+        requests' tokens and drafts (`_fused_admission_step`): one pass over the weights, not two."""
         outputs = self._reap_aborted()
         active = [r for r in self.running if not r.is_finished]
         if active and self.waiting and self._can_fuse_admission():
@@ -192,7 +193,7 @@ class Engine:
         lengths = schedule(active, draft, self.scheduler, self.tracker, self.sps)
         t2 = time.perf_counter()
         verified = verify_round(self.runner, active, draft, lengths, self.hidden_layers, riders)
-        self._rider_logits = verified.rider_logits
+        self._rider_logits, self._rider_hidden = verified.rider_logits, verified.rider_out
         t3 = time.perf_counter()
         outputs = commit(active, draft, lengths, verified.num_accepted, verified.next_token, self.runner.cache,
                          self.tracker, self.drafter, self.eos_ids, self.tokenizer)
@@ -203,7 +204,7 @@ class Engine:
         # the target side's time of the round: its forward and acceptance, and handing the drafter its features
         verify_ms = ((t3 - t2) + (time.perf_counter() - t4)) * 1e3
         self._record_round(active, draft, lengths, verified.num_accepted, t0, (t1 - t0) * 1e3, (t2 - t1) * 1e3,
-                           verify_ms, micro_batch, extra_draft_ms, start_s)
+                           verify_ms, micro_batch, extra_draft_ms, start_s, with_riders=bool(riders))
         return outputs
 
     def _note_gap(self, t0: float) -> None:
@@ -217,8 +218,10 @@ class Engine:
 
     def _record_round(self, active: list[Request], draft: DraftOutput, lengths: list[int], accepted: list[int],
                       t0: float, draft_ms: float, schedule_ms: float, verify_ms: float, micro_batch: int,
-                      extra_draft_ms: float, start_s: float) -> None:
-        if self.gate is not None:  # the round's measured time, drafting on the critical path included
+                      extra_draft_ms: float, start_s: float, with_riders: bool = False) -> None:
+        # the gate learns from the round's measured time, drafting on the critical path included; not from a
+        # round that also prefilled prompts (its time says little about drafting or not)
+        if self.gate is not None and not with_riders:
             round_ms = (time.perf_counter() - t0) * 1e3 + extra_draft_ms
             if any(draft.tokens):
                 self.gate.record(len(active), sum(lengths), sum(accepted), round_ms, verify_ms,
@@ -236,39 +239,43 @@ class Engine:
 
     # ---- prefill -------------------------------------------------------------------------------
     def _can_fuse_admission(self) -> bool:
-        """Plain steps only (no drafter, so no gate and no features) and attention that takes any mix of
-        chunk lengths per token (the native path; the bf16 verify path's padded SDPA keeps separate steps)."""
-        return self.drafter is None and self.gate is None and self.runner.native_attention
+        """Attention that takes any mix of chunk lengths per token (the native path, fp32 or bf16)."""
+        return self.runner.native_attention
 
     def _fused_admission_step(self, active: list[Request]) -> list[RequestOutput]:
-        """Admit what fits in one prefill group and decode `active` in ONE forward. Over HTTP at C = 32 a
-        step was half prefill of arriving requests (py-spy, `docs/results/serve` run 21); as separate
-        forwards each read all weights and paid the per-forward work. New requests get their first token
-        here and their next one at the next step; what any request samples is unchanged (`sample_plain`
-        per request, its own generator)."""
+        """Admit what fits in one prefill group and run `active`'s round (drafts included) in ONE forward.
+        Over HTTP at C = 32 a step was half prefill of arriving requests (py-spy, `docs/results/serve` run
+        21); as separate forwards each read all weights and paid the per-forward work. With continuous
+        batching at batch 8 a separate prefill forward cost ~85 ms where riding in a round costs a few ms
+        more than the round (SmolLM2 bf16, 2-core AMX Xeon). New requests get their first token here and
+        their first drafts at the next step; what any request samples is unchanged (`sample_plain` per
+        request, its own generator; each token's logits do not depend on what else the forward carries)."""
         free = self.config.max_num_seqs - len(self.running)
         group = prefill_groups(self.waiting[:free])[0] if free > 0 else []
         if not group:
-            return self._round(active, draft_phase.no_draft)
+            return self._round(active, self._draft)
         if not self.runner.takes_native_attention([SeqChunk(0, 0, r.prompt_ids, 1) for r in group]):
             outputs = self._admit()  # a long prompt: its own forward (SDPA), as without fusing
-            return outputs + self._round(active, draft_phase.no_draft)
-        t0 = time.perf_counter()
+            return outputs + self._round([r for r in self.running if not r.is_finished], self._draft)
         self.waiting = self.waiting[len(group):]
         for req in group:
             req.slot = self.runner.cache.allocate()
             self.running.append(req)
         hits = [self.prefix_cache.match(r.prompt_ids) if self.prefix_cache is not None else [] for r in group]
         start = [len(h) * PREFIX_BLOCK for h in hits]
-        for req, h in zip(group, hits):
-            PrefixCache.load(h, self.runner.cache, req.slot)
+        cached_feats = [PrefixCache.load(h, self.runner.cache, req.slot) for req, h in zip(group, hits)]
         riders = [SeqChunk(r.slot, s, r.prompt_ids[s:], 1) for r, s in zip(group, start)]
-        outputs = self._round(active, draft_phase.no_draft, riders=riders)
-        logits = self._rider_logits
-        self._rider_logits = None
-        for req in group:
+        outputs = self._round(active, self._draft, riders=riders)
+        t0 = time.perf_counter()
+        logits, rider_hidden = self._rider_logits, self._rider_hidden
+        self._rider_logits = self._rider_hidden = None
+        feats = (prompt_features(self.drafter, self.hidden_layers, group, start, cached_feats, rider_hidden)
+                 if rider_hidden is not None else [None] * len(group))
+        for req, f in zip(group, feats):
+            if self.drafter is not None and f is not None:
+                self.drafter.observe(req.request_id, f)  # type: ignore[attr-defined]
             if self.prefix_cache is not None:
-                self.prefix_cache.store(req.prompt_ids, self.runner.cache, req.slot, None)
+                self.prefix_cache.store(req.prompt_ids, self.runner.cache, req.slot, f)
         tokens = sample_plain(group, logits)
         note_logprobs(group, logits, [[i] for i in range(len(group))], [[t] for t in tokens])
         first = self._first_tokens(group, tokens)

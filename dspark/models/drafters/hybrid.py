@@ -3,10 +3,13 @@
 Per request and step:
 1. the suffix drafter's sources (the request's own text, the global index of the target's text) propose
    at almost no cost, each with calibrated survival; the better one has E_c expected accepted tokens;
-2. DSpark's forward runs only for the requests where (1 + E_d) > (1 + E_c) · (1 + ρ): E_d is the accepted
-   tokens of DSpark's recent verified rounds (per regime, a decayed mean; a prior until it has rounds) and
-   ρ the measured cost of a DSpark round relative to the rest of the step (its drafting time over the step
-   interval), i.e. where DSpark's tokens per unit time beat the free draft's;
+2. DSpark's forward runs for the set S of requests that maximises the batch's expected tokens per unit
+   time, (Σ_r (1 + E_r)) / (R + C(|S|)): E_r is E_d for r in S (DSpark's accepted tokens on its recent
+   verified rounds, per regime, a decayed mean; a prior until it has rounds), E_c otherwise; R the measured
+   time of a round at this batch size without DSpark's forward, C(k) the measured time of DSpark's forward
+   for k requests. The requests with the largest E_d − E_c join S first. One DSpark forward is paid by the
+   whole batch: at batch 1 this is (1 + E_d) > (1 + E_c)(1 + C/R); at batch 8 a request whose free draft
+   is short no longer justifies, alone, a forward that slows the other seven;
 3. each request's chosen draft and its survival curve go to the prefix scheduler, which sets ℓ_r.
 
 Why this is lossless: the choice of source for a request depends only on its context (the cheap drafts
@@ -49,13 +52,13 @@ class HybridDrafter:
         self.vocab_size = vocab_size
         self.hidden_layers: tuple[int, ...] = tuple(getattr(model, "hidden_layers", ())) if model else ()
         self.block_size = getattr(model, "block_size", 7)
-        self._fixed_ratio = model_cost_ratio  # tests and what-ifs; None: measured
+        self._fixed_ratio = model_cost_ratio  # tests and what-ifs: C(k) = ratio · R; None: measured
         # decayed sums per regime: DSpark's accepted tokens and rounds (seeded with one prior round)
         self._model_acc = dict(_PRIOR_MODEL_TOKENS)
         self._model_rounds = {r: 1.0 for r in _PRIOR_MODEL_TOKENS}
-        self._model_ms = 0.0  # decayed mean of a DSpark round's drafting time
-        self._step_ms = 0.0  # decayed mean of the interval between two proposals (the whole step)
-        self._last_propose: float | None = None
+        self._model_ms: dict[int, float] = {}  # C(k): decayed mean of DSpark's forward for k requests
+        self._round_ms: dict[int, float] = {}  # R(B): decayed mean of a round at batch B, DSpark's forward out
+        self._open_round: tuple[float, float, int] | None = None  # this round's start, DSpark ms, batch size
         self._chosen_model: dict[str, float] = {}  # request id -> temperature, of this round's DSpark drafts
         self.model_stats = SourceStats()
 
@@ -82,18 +85,15 @@ class HybridDrafter:
             self.feature_drafter.observe(request_id, features)
 
     def propose(self, requests: list[DraftRequest], max_num_tokens: int) -> DraftOutput:
-        now = time.perf_counter()
-        if self._last_propose is not None:
-            self._step_ms = _DECAY * self._step_ms + (1 - _DECAY) * (now - self._last_propose) * 1e3 \
-                if self._step_ms else (now - self._last_propose) * 1e3
-        self._last_propose = now
+        start = time.perf_counter()
         before = {s: v.num_proposals for s, v in self.suffix.stats.items()}
         cheap: list[Proposal | None] = self.suffix.choose_batch(requests, max_num_tokens)
-        use_model = [self._model_pays(p, r.temperature) for p, r in zip(cheap, requests)]
+        use_model = self._choose_model(cheap, requests)
         tokens: list[list[int]] = [p.walk.tokens if p else [] for p in cheap]
         sources = [p.source if p else "" for p in cheap]
         confidences: list[list[float]] = [p.conditional if p else [] for p in cheap]
         probs: list[torch.Tensor] | None = None
+        model_ms = 0.0
         for r in requests:  # per request: the latest round's choice, until its verdict or release
             self.suffix.last.pop(r.request_id, None)
             self._chosen_model.pop(r.request_id, None)
@@ -101,8 +101,8 @@ class HybridDrafter:
         if picked:
             t0 = time.perf_counter()
             out = self.feature_drafter.propose([requests[i] for i in picked], max_num_tokens)  # type: ignore[union-attr]
-            ms = (time.perf_counter() - t0) * 1e3
-            self._model_ms = _DECAY * self._model_ms + (1 - _DECAY) * ms if self._model_ms else ms
+            model_ms = (time.perf_counter() - t0) * 1e3
+            _fold(self._model_ms, len(picked), model_ms)
             for j, i in enumerate(picked):
                 tokens[i] = out.tokens[j]
                 confidences[i] = out.confidences[j] if out.confidences is not None else [0.5] * len(out.tokens[j])
@@ -120,6 +120,7 @@ class HybridDrafter:
         self.model_stats.num_chosen += len(picked)
         proposals = {s: v.num_proposals - before[s] for s, v in self.suffix.stats.items()}
         proposals["dspark"] = len(picked)
+        self._open_round = (start, model_ms, len(requests))
         return DraftOutput(tokens=tokens, probs=probs, confidences=confidences, sources=sources,
                            num_proposals=proposals)
 
@@ -134,27 +135,50 @@ class HybridDrafter:
             out.append(q)
         return out
 
-    def _model_pays(self, cheap: Proposal | None, temperature: float) -> bool:
-        """DSpark's expected tokens per unit time beat the free draft's (see the module docstring)."""
-        if self.feature_drafter is None:
-            return False
-        regime = regime_of(temperature)
-        model_tokens = self._model_acc[regime] / self._model_rounds[regime]
-        cheap_tokens = cheap.expected_tokens if cheap is not None else 0.0
-        return (1.0 + model_tokens) > (1.0 + cheap_tokens) * (1.0 + self.model_cost_ratio)
+    def _choose_model(self, cheap: list[Proposal | None], requests: list[DraftRequest]) -> list[bool]:
+        """Per request, whether DSpark drafts it: the set that maximises the batch's expected tokens per unit
+        time (see the module docstring). Depends on the requests' contexts (through the deterministic cheap
+        drafts) and on past rounds only."""
+        chosen = [False] * len(requests)
+        if self.feature_drafter is None or not requests:
+            return chosen
+        free = [1.0 + (p.expected_tokens if p is not None else 0.0) for p in cheap]
+        gain = [1.0 + self._model_acc[regime_of(r.temperature)] / self._model_rounds[regime_of(r.temperature)] - f
+                for f, r in zip(free, requests)]
+        order = sorted((i for i, g in enumerate(gain) if g > 0), key=lambda i: -gain[i])
+        round_ms = self._nearest(self._round_ms, len(requests)) or 1.0
+        tokens = sum(free)
+        best_k, best_rate = 0, tokens / round_ms
+        for k, i in enumerate(order, start=1):
+            tokens += gain[i]
+            rate = tokens / (round_ms + self.model_cost_ms(k, round_ms))
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        for i in order[:best_k]:
+            chosen[i] = True
+        return chosen
 
-    @property
-    def model_cost_ratio(self) -> float:
-        """A DSpark round's drafting time over the rest of the step (measured; 0.25 until measured)."""
+    def model_cost_ms(self, num_requests: int, round_ms: float) -> float:
+        """C(k): DSpark's forward for k requests, measured (the nearest measured k); before any is measured,
+        or with a fixed ratio, that ratio (default 0.25) of a round."""
         if self._fixed_ratio is not None:
-            return self._fixed_ratio
-        if not self._model_ms or not self._step_ms:
-            return 0.25
-        return self._model_ms / max(1e-3, self._step_ms - self._model_ms)
+            return self._fixed_ratio * round_ms
+        measured = self._nearest(self._model_ms, num_requests)
+        return measured if measured is not None else 0.25 * round_ms
+
+    @staticmethod
+    def _nearest(table: dict[int, float], size: int) -> float | None:
+        if not table:
+            return None
+        return table[min(table, key=lambda k: (abs(k - size), k))]
 
     def feedback(self, request_ids: list[str], num_verified: list[int], num_accepted: list[int]) -> None:
         """The engine's verdict on the latest round: per-source counts, and DSpark's accepted tokens per
         verified round (per regime) for the next rounds' choices."""
+        if self._open_round is not None:  # the round's time without DSpark's forward: R(B)
+            start, model_ms, size = self._open_round
+            _fold(self._round_ms, size, (time.perf_counter() - start) * 1e3 - model_ms)
+            self._open_round = None
         self.suffix.feedback(request_ids, num_verified, num_accepted)
         for rid, n_ver, n_acc in zip(request_ids, num_verified, num_accepted):
             temperature = self._chosen_model.get(rid)
@@ -181,3 +205,13 @@ class HybridDrafter:
         self._chosen_model.pop(request_id, None)
         if self.feature_drafter is not None:
             self.feature_drafter.release(request_id)
+
+
+def _fold(table: dict[int, float], key: int, value: float, decay: float = 0.9, outlier: float = 3.0) -> None:
+    """A decayed mean of times per key (the first value as it is), a sample counting at most `outlier` × the
+    mean: one slow round (a cold kernel, a preempted core) must not keep DSpark out for good, since a C(k)
+    that never wins is never measured again."""
+    if key not in table:
+        table[key] = value
+    else:
+        table[key] = decay * table[key] + (1 - decay) * min(value, outlier * table[key])

@@ -27,27 +27,31 @@ class Verified:
     next_token: list[int]  # per request: the token sampled after them (correction or bonus)
     out: ForwardOutput  # the round's own rows (riders' removed)
     rider_logits: torch.Tensor | None = None  # (N_riders, V): the prompts that rode in this forward
+    rider_out: ForwardOutput | None = None  # the riders' logits and tapped hidden states (their tokens' rows)
 
 
 def verify_round(runner: TargetRunner, active: list[Request], draft: DraftOutput, lengths: list[int],
                  hidden_layers: tuple[int, ...], riders: list[SeqChunk] | None = None) -> Verified:
-    """`riders`: prompt chunks computed in the same forward, ahead of the round's own (plain rounds only:
-    their hidden states are not split off)."""
+    """`riders`: prompt chunks computed in the same forward, ahead of the round's own; their logits and
+    hidden states are split off into `rider_logits` / `rider_out`."""
     chunks = [SeqChunk(r.slot, r.num_cached, [r.token_ids[-1]] + d[:n], n + 1)
               for r, d, n in zip(active, draft.tokens, lengths)]
     out = runner.forward((riders or []) + chunks, hidden_layers)
-    rider_logits = None
+    rider_logits = rider_out = None
     if riders:
         num_rider_logits = sum(c.num_logits for c in riders)
+        num_rider_rows = sum(len(c.token_ids) for c in riders)
         rider_logits = out.logits[:num_rider_logits]
-        out = ForwardOutput(out.logits[num_rider_logits:], out.hidden_states)
+        rider_out = ForwardOutput(rider_logits, {i: h[:num_rider_rows] for i, h in out.hidden_states.items()})
+        out = ForwardOutput(out.logits[num_rider_logits:],
+                            {i: h[num_rider_rows:] for i, h in out.hidden_states.items()})
     num_accepted, next_token = accept(active, draft, lengths, out.logits)
     if any(r.params.logprobs is not None for r in active):
         first_row = list(itertools.accumulate((n + 1 for n in lengths), initial=0))
         rows = [list(range(f, f + n + 1)) for f, n in zip(first_row, num_accepted)]  # accepted drafts, then last
         note_logprobs(active, out.logits, rows,
                       [d[:n] + [t] for d, n, t in zip(draft.tokens, num_accepted, next_token)])
-    return Verified(num_accepted, next_token, out, rider_logits)
+    return Verified(num_accepted, next_token, out, rider_logits, rider_out)
 
 
 def accept(active: list[Request], draft: DraftOutput, lengths: list[int],
