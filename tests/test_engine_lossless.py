@@ -61,7 +61,8 @@ def make_engine(target: TargetModel, drafter: str, scheduler: str, refs=None, pr
     kwargs = {"k": 5} if scheduler == "fixed" else {}
     cfg = EngineConfig(target=str(target.path), drafter=drafter, scheduler=scheduler, scheduler_kwargs=kwargs,
                        num_draft_tokens=7, max_num_seqs=max_num_seqs, max_model_len=512,
-                       drafter_kwargs=drafter_kwargs or {}, sps_profile=tiny_sps_path(target.path))
+                       drafter_kwargs=drafter_kwargs or {}, sps_profile=tiny_sps_path(target.path),
+                       draft_gate=False)  # drafts every step: what is checked here is what verification does
     engine = Engine(cfg, target=target)
     if isinstance(engine.drafter, OracleDrafter) and refs is not None:
         for p, r in zip(prompts, refs):

@@ -37,6 +37,7 @@ from dspark.spec.source_calibration import regime_of
 log = logging.getLogger(__name__)
 
 _PRIOR_MODEL_TOKENS = {"greedy": 0.8, "sampled": 0.6}  # DSpark's τ − 1 in `dspark eval` (1.8 / 1.6)
+_PRIOR_ROUNDS = 4.0  # the prior's weight in rounds: one unlucky first round must not shut DSpark out
 _DECAY = 0.98
 
 
@@ -54,9 +55,10 @@ class HybridDrafter:
         self.block_size = getattr(model, "block_size", 7)
         self._fixed_ratio = model_cost_ratio  # tests and what-ifs: C(k) = ratio · R; None: measured
         # decayed sums per regime: DSpark's accepted tokens and rounds (seeded with one prior round)
-        self._model_acc = dict(_PRIOR_MODEL_TOKENS)
-        self._model_rounds = {r: 1.0 for r in _PRIOR_MODEL_TOKENS}
+        self._model_acc = {r: _PRIOR_ROUNDS * v for r, v in _PRIOR_MODEL_TOKENS.items()}
+        self._model_rounds = {r: _PRIOR_ROUNDS for r in _PRIOR_MODEL_TOKENS}
         self._model_ms: dict[int, float] = {}  # C(k): decayed mean of DSpark's forward for k requests
+        self._model_warm: set[int] = set()  # sizes whose first (cold) forward was seen
         self._round_ms: dict[int, float] = {}  # R(B): decayed mean of a round at batch B, DSpark's forward out
         self._open_round: tuple[float, float, int] | None = None  # this round's start, DSpark ms, batch size
         self._chosen_model: dict[str, float] = {}  # request id -> temperature, of this round's DSpark drafts
@@ -102,7 +104,9 @@ class HybridDrafter:
             t0 = time.perf_counter()
             out = self.feature_drafter.propose([requests[i] for i in picked], max_num_tokens)  # type: ignore[union-attr]
             model_ms = (time.perf_counter() - t0) * 1e3
-            _fold(self._model_ms, len(picked), model_ms)
+            if len(picked) in self._model_warm:  # a size's first forward sets up kernels and buffers: not its cost
+                _fold(self._model_ms, len(picked), model_ms)
+            self._model_warm.add(len(picked))
             for j, i in enumerate(picked):
                 tokens[i] = out.tokens[j]
                 confidences[i] = out.confidences[j] if out.confidences is not None else [0.5] * len(out.tokens[j])
