@@ -71,6 +71,8 @@ def test_bench_decode_refills_the_batch_from_waves_of_prompts(tiny_target_dir):
         assert out["waves"] == waves and b2["num_prompts"] == num_prompts
         assert b2["continuous_batching"] is (waves > 1) and out["batch1"]["continuous_batching"] is False
         assert b2["drafters"]["ngram"]["greedy_identical_to_target_only"]
+        if waves > 1:  # the steady state ends where the queue runs dry: at most the whole run's tokens and time
+            assert 0 < b2["target_only_steady_tok_s"] and "steady_speedup_vs_target_only" in b2["drafters"]["ngram"]
 
 
 def test_bench_decode_runs_a_dspark_checkpoint_with_and_without_its_sts_side_by_side(tiny_target_dir, tiny_target,

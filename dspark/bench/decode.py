@@ -33,6 +33,7 @@ class ArmResult:
     verify_ms: float  # mean per step
     outputs: list[list[int]]
     group_s: list[float]  # wall time of each batch_size group, in order
+    steady_tok_s: float | None = None  # continuous batching: tok/s until the queue ran dry (see _generate_refilled)
 
 
 def hf_generate_tok_s(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int,
@@ -64,9 +65,14 @@ def run_engine(engine: Engine, prompts: list[list[int]], batch_size: int, max_ne
     group_s: list[float] = []
     t0 = time.perf_counter()
     group = len(prompts) if refill else batch_size
+    steady: tuple[int, float] | None = None
     for i in tqdm(range(0, len(prompts), group), desc=f"engine b={batch_size}", leave=False):
         tg = time.perf_counter()
-        outs += [r.output_ids for r in engine.generate(prompts[i:i + group], params)]
+        if refill:
+            done, steady = _generate_refilled(engine, prompts[i:i + group], params, batch_size)
+            outs += done
+        else:
+            outs += [r.output_ids for r in engine.generate(prompts[i:i + group], params)]
         group_s.append(time.perf_counter() - tg)
     if engine.runner.device.type == "cuda":
         torch.cuda.synchronize()
@@ -79,7 +85,25 @@ def run_engine(engine: Engine, prompts: list[list[int]], batch_size: int, max_ne
                      mean_verify_len=verified / max(rounds, 1),
                      draft_ms=sum(s.draft_ms for s in engine.stats) / num_steps,
                      verify_ms=sum(s.verify_ms for s in engine.stats) / num_steps, outputs=outs,
-                     group_s=group_s)
+                     group_s=group_s, steady_tok_s=steady[0] / steady[1] if steady else None)
+
+
+def _generate_refilled(engine: Engine, prompts: list[list[int]], params: SamplingParams,
+                       batch_size: int) -> tuple[list[list[int]], tuple[int, float] | None]:
+    """All prompts through the engine's `batch_size` slots, each finished slot refilled at the next step.
+    Also returns (tokens emitted, seconds) up to the first step after which a slot stays empty (the queue
+    ran dry): the steady state of continuous batching, before the last requests drain one by one. A
+    serving engine under steady load never drains; a finite benchmark always does, and with speculation
+    its requests finish at different steps, so the drain is a tail of small batches that target-only
+    decoding (every request ends at the same step here) does not have."""
+    ids = [engine.add_request(p, params) for p in prompts]
+    by_id = {r.request_id: r for r in engine.waiting}
+    t0, emitted, steady = time.perf_counter(), 0, None
+    while engine.has_unfinished():
+        emitted += sum(len(o.new_token_ids) for o in engine.step())
+        if steady is None and not engine.waiting and len(engine.running) < batch_size:
+            steady = (emitted, time.perf_counter() - t0)
+    return [by_id[i].output_ids for i in ids], steady or (emitted, time.perf_counter() - t0)
 
 
 def bench_decode(target: TargetModel, drafters: list[str], batch_sizes: list[int], num_prompts: int,
@@ -122,6 +146,8 @@ def bench_decode(target: TargetModel, drafters: list[str], batch_sizes: list[int
         base = run_engine(Engine(cfg, target=target, drafter=None), arm_prompts, bs, max_new_tokens, refill)
         block: dict = {"target_only_tok_s": base.tok_s, "target_only_step_ms": base.verify_ms, "drafters": {},
                        "num_prompts": len(arm_prompts), "continuous_batching": refill}
+        if refill:
+            block["target_only_steady_tok_s"] = base.steady_tok_s
         if bs == 1 and "fp32" in hf:
             block["target_only_vs_hf_same_dtype"] = base.tok_s / hf.get(_dtype_key(target.dtype), hf["fp32"])
         for name in drafters:
@@ -141,6 +167,9 @@ def bench_decode(target: TargetModel, drafters: list[str], batch_sizes: list[int
                 **({"per_domain": by_domain} if bs == 1 else {}),
                 "spec_tok_s": arm.tok_s, "tau": arm.tau, "mean_verify_len": arm.mean_verify_len,
                 "speedup_vs_target_only": arm.tok_s / base.tok_s,
+                **({"steady_tok_s": arm.steady_tok_s,
+                    "steady_speedup_vs_target_only": arm.steady_tok_s / base.steady_tok_s}
+                   if refill and arm.steady_tok_s and base.steady_tok_s else {}),
                 "speedup_vs_hf": arm.tok_s / best_hf if best_hf else None,
                 "scheduler": sched,
                 "draft_ms_per_step": arm.draft_ms, "verify_ms_per_step": arm.verify_ms,
