@@ -5,7 +5,8 @@ Per request and step:
    at almost no cost, each with calibrated survival; the better one has E_c expected accepted tokens;
 2. DSpark's forward runs for the set S of requests that maximises the batch's expected tokens per unit
    time, (Σ_r (1 + E_r)) / (R + C(|S|)): E_r is E_d for r in S (DSpark's accepted tokens on its recent
-   verified rounds, per regime, a decayed mean; a prior until it has rounds), E_c otherwise; R the measured
+   rounds, per regime, a decayed mean, a round whose drafts the scheduler verified none of counting 0; a
+   prior until it has rounds), E_c otherwise; R the measured
    time of a round at this batch size without DSpark's forward, C(k) the measured time of DSpark's forward
    for k requests. The requests with the largest E_d − E_c join S first. One DSpark forward is paid by the
    whole batch: at batch 1 this is (1 + E_d) > (1 + E_c)(1 + C/R); at batch 8 a request whose free draft
@@ -186,16 +187,19 @@ class HybridDrafter:
         self.suffix.feedback(request_ids, num_verified, num_accepted)
         for rid, n_ver, n_acc in zip(request_ids, num_verified, num_accepted):
             temperature = self._chosen_model.get(rid)
-            if temperature is None or n_ver == 0:
+            if temperature is None:
+                continue
+            regime = regime_of(temperature)
+            # a DSpark draft the scheduler verified none of still cost its forward: a round with 0 tokens gained
+            self._model_acc[regime] = _DECAY * self._model_acc[regime] + n_acc
+            self._model_rounds[regime] = _DECAY * self._model_rounds[regime] + 1.0
+            if n_ver == 0:
                 continue
             s = self.model_stats
             s.num_verified += n_ver
             s.num_accepted += n_acc
             for k in range(min(n_acc, len(s.accepted_by_position))):
                 s.accepted_by_position[k] += 1
-            regime = regime_of(temperature)
-            self._model_acc[regime] = _DECAY * self._model_acc[regime] + n_acc
-            self._model_rounds[regime] = _DECAY * self._model_rounds[regime] + 1.0
 
     def source_stats(self) -> dict[str, dict]:
         return {**self.suffix.source_stats(), "dspark": asdict(self.model_stats)}

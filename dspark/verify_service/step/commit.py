@@ -20,7 +20,7 @@ def commit(active: list[Request], draft: DraftOutput, lengths: list[int], accept
            eos_ids: list[int], tokenizer: PreTrainedTokenizerBase) -> list[RequestOutput]:
     tracker.update(lengths, accepted)
     feedback = getattr(drafter, "feedback", None)  # drafters that track acceptance per source
-    if feedback is not None and any(lengths):
+    if feedback is not None and any(draft.tokens):  # a round that verified none of its drafts is a verdict too
         feedback([r.request_id for r in active], lengths, accepted)
     outputs = []
     for req, d, n_ver, n_acc, tok in zip(active, draft.tokens, lengths, accepted, next_tokens):
