@@ -89,21 +89,23 @@ def run_engine(engine: Engine, prompts: list[list[int]], batch_size: int, max_ne
 
 
 def _generate_refilled(engine: Engine, prompts: list[list[int]], params: SamplingParams,
-                       batch_size: int) -> tuple[list[list[int]], tuple[int, float] | None]:
+                       batch_size: int) -> tuple[list[list[int]], tuple[int, float]]:
     """All prompts through the engine's `batch_size` slots, each finished slot refilled at the next step.
     Also returns (tokens emitted, seconds) up to the first step after which a slot stays empty (the queue
     ran dry): the steady state of continuous batching, before the last requests drain one by one. A
     serving engine under steady load never drains; a finite benchmark always does, and with speculation
     its requests finish at different steps, so the drain is a tail of small batches that target-only
     decoding (every request ends at the same step here) does not have."""
-    ids = [engine.add_request(p, params) for p in prompts]
-    by_id = {r.request_id: r for r in engine.waiting}
     t0, emitted, steady = time.perf_counter(), 0, None
-    while engine.has_unfinished():
-        emitted += sum(len(o.new_token_ids) for o in engine.step())
+
+    def note(outputs: list) -> None:
+        nonlocal emitted, steady
+        emitted += sum(len(o.new_token_ids) for o in outputs)
         if steady is None and not engine.waiting and len(engine.running) < batch_size:
             steady = (emitted, time.perf_counter() - t0)
-    return [by_id[i].output_ids for i in ids], steady or (emitted, time.perf_counter() - t0)
+
+    done = engine.generate(prompts, params, on_step=note)
+    return [r.output_ids for r in done], steady or (emitted, time.perf_counter() - t0)
 
 
 def bench_decode(target: TargetModel, drafters: list[str], batch_sizes: list[int], num_prompts: int,

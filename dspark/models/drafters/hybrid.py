@@ -6,9 +6,8 @@ Per request and step:
 2. DSpark's forward runs for the set S of requests that maximises the batch's expected tokens per unit
    time, (Σ_r (1 + E_r)) / (R + C(|S|)): E_r is E_d for r in S (DSpark's accepted tokens on its recent
    rounds, per regime, a decayed mean, a round whose drafts the scheduler verified none of counting 0; a
-   prior until it has rounds), E_c otherwise; R the measured
-   time of a round at this batch size without DSpark's forward, C(k) the measured time of DSpark's forward
-   for k requests. The requests with the largest E_d − E_c join S first. One DSpark forward is paid by the
+   prior until it has rounds), E_c otherwise; R the measured time of a round at this batch size without
+   DSpark's forward, C(k) the measured time of DSpark's forward for k requests. The requests with the largest E_d − E_c join S first. One DSpark forward is paid by the
    whole batch: at batch 1 this is (1 + E_d) > (1 + E_c)(1 + C/R); at batch 8 a request whose free draft
    is short no longer justifies, alone, a forward that slows the other seven;
 3. each request's chosen draft and its survival curve go to the prefix scheduler, which sets ℓ_r.
@@ -55,7 +54,7 @@ class HybridDrafter:
         self.hidden_layers: tuple[int, ...] = tuple(getattr(model, "hidden_layers", ())) if model else ()
         self.block_size = getattr(model, "block_size", 7)
         self._fixed_ratio = model_cost_ratio  # tests and what-ifs: C(k) = ratio · R; None: measured
-        # decayed sums per regime: DSpark's accepted tokens and rounds (seeded with one prior round)
+        # decayed sums per regime: DSpark's accepted tokens and rounds (seeded with _PRIOR_ROUNDS prior rounds)
         self._model_acc = {r: _PRIOR_ROUNDS * v for r, v in _PRIOR_MODEL_TOKENS.items()}
         self._model_rounds = {r: _PRIOR_ROUNDS for r in _PRIOR_MODEL_TOKENS}
         self._model_ms: dict[int, float] = {}  # C(k): decayed mean of DSpark's forward for k requests

@@ -61,10 +61,9 @@ def accept(active: list[Request], draft: DraftOutput, lengths: list[int],
     On CPU, requests verifying nothing are sampled by `sample_plain` (also inside a step where others
     verify), so what a request draws from its generator never depends on its batch.
     """
-    if logits.device.type == "cpu" and all(r.params.temperature == 0.0 for r in active):
-        return _accept_greedy(draft, lengths, logits)
     plain = [i for i, n in enumerate(lengths) if n == 0]
-    if logits.device.type != "cpu" or not plain:
+    # all greedy: the verifier's argmax is what `sample_plain` gives a greedy request, one pass over all rows
+    if logits.device.type != "cpu" or not plain or all(r.params.temperature == 0.0 for r in active):
         result = verify(build_verify_input(logits, active, draft.tokens, draft.probs, lengths))
         return result.num_accepted, result.next_token
     if len(plain) == len(active):  # a plain target step: nothing to verify, one sample per request
@@ -81,22 +80,6 @@ def accept(active: list[Request], draft: DraftOutput, lengths: list[int],
         num_accepted[i], next_token[i] = n_acc, tok
     for i, tok in zip(plain, plain_tokens):
         next_token[i] = tok
-    return num_accepted, next_token
-
-
-def _accept_greedy(draft: DraftOutput, lengths: list[int], logits: torch.Tensor) -> tuple[list[int], list[int]]:
-    """T = 0 on CPU: one max over the step's rows (the first of equal maxima, as `argmax` and the native
-    sampler of plain steps take it), then each request's leading drafts that match. The general verifier's
-    row gathers and a bf16 `argmax` cost ~1.9 ms at batch 8 (2-core AMX Xeon), this ~0.4 ms."""
-    best = logits.max(dim=-1).indices.tolist()
-    num_accepted, next_token, row = [], [], 0
-    for tokens, n in zip(draft.tokens, lengths):
-        k = 0
-        while k < n and tokens[k] == best[row + k]:
-            k += 1
-        num_accepted.append(k)
-        next_token.append(best[row + k])
-        row += n + 1
     return num_accepted, next_token
 
 
