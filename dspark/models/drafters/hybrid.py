@@ -7,9 +7,10 @@ Per request and step:
    time, (Σ_r (1 + E_r)) / (R + C(|S|)): E_r is E_d for r in S (DSpark's accepted tokens on its recent
    rounds, per regime, a decayed mean, a round whose drafts the scheduler verified none of counting 0; a
    prior until it has rounds), E_c otherwise; R the measured time of a round at this batch size without
-   DSpark's forward, C(k) the measured time of DSpark's forward for k requests. The requests with the largest E_d − E_c join S first. One DSpark forward is paid by the
-   whole batch: at batch 1 this is (1 + E_d) > (1 + E_c)(1 + C/R); at batch 8 a request whose free draft
-   is short no longer justifies, alone, a forward that slows the other seven;
+   DSpark's forward, C(k) the measured time of DSpark's forward for k requests. The requests with the
+   largest E_d − E_c join S first. One DSpark forward is paid by the whole batch: at batch 1 this is
+   (1 + E_d) > (1 + E_c)(1 + C/R); at batch 8 a request whose free draft is short no longer justifies,
+   alone, a forward that slows the other seven;
 3. each request's chosen draft and its survival curve go to the prefix scheduler, which sets ℓ_r.
 
 Why this is lossless: the choice of source for a request depends only on its context (the cheap drafts
