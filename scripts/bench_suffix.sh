@@ -3,7 +3,8 @@
 #   1. `dspark bench decode`: the hybrid against the suffix sources alone, prompt lookup, DSpark and the
 #      oracle, at batch 1 and 8, every drafter under Algorithm 1 (greedy scheduler), per domain;
 #   2. `dspark bench serve --interleave`: no-spec, the hybrid under Algorithm 1 ("scheduled") and MTP-1 over
-#      HTTP, C = 1..32, 128 tokens.
+#      HTTP, C = 1..32, 128 tokens, WAVES (default 2) waves of C requests per level and pass, so a level
+#      measures continuous batching and not only the drain of one batch of C requests.
 # The verify dtype is this machine's measured choice for verification (`dtype: auto` in serve.yaml: bf16 on
 # CPUs with AMX / AVX-512-BF16, fp32 elsewhere), so the figures are those `make serve` would see.
 #   scripts/bench_suffix.sh OUT_DIR [decode|serve|all]
@@ -28,6 +29,6 @@ if [ "$WHAT" = decode ] || [ "$WHAT" = all ]; then
 fi
 if [ "$WHAT" = serve ] || [ "$WHAT" = all ]; then
   .venv/bin/dspark bench serve --interleave --arms no-spec,scheduled,mtp1 --drafter hybrid --max-tokens 128 \
-    --arm-config configs/bench/suffix_arm.yaml --concurrency 1,2,4,8,16,32 --set "dtype=$DTYPE" \
+    --arm-config configs/bench/suffix_arm.yaml --concurrency 1,2,4,8,16,32 --waves "${WAVES:-2}" --set "dtype=$DTYPE" \
     --out "$OUT/bench_serve.json" --plot-dir "$OUT"
 fi

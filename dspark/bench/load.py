@@ -28,7 +28,11 @@ class LoadConfig:
     temperature: float = 0.0
     seed: int = 0  # request i sends seed + i
     model: str | None = None  # None: the server's own model (dspark); vLLM needs its name
-    num_requests: int | None = None  # per level; None: max(2 * C, 8); never fewer than C
+    num_requests: int | None = None  # per level; None: max(2 * waves * C, 8); never fewer than C
+    # waves of C requests per level and pass (interleaved: per pass): with one, every client sends one request and
+    # the level ends with its slowest one; with more, a finished request's client sends the next one, and
+    # the level measures continuous batching rather than one batch's drain
+    waves: int = 1
     num_warmup: int = 2  # per level, not counted
     timeout_s: float = 600.0
     ignore_eos: bool = True
@@ -54,7 +58,7 @@ class LevelResult:
 
 
 def num_requests_for(config: LoadConfig, concurrency: int) -> int:
-    num = config.num_requests if config.num_requests is not None else max(2 * concurrency, 8)
+    num = config.num_requests if config.num_requests is not None else max(2 * config.waves * concurrency, 8)
     return max(num, concurrency)  # fewer would never reach the level's concurrency
 
 

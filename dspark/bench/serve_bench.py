@@ -208,7 +208,7 @@ def run_serve_bench(config: ServeBenchConfig) -> dict:
     result: dict[str, Any] = {
         "bench": "serve", "concurrency": list(config.concurrency), "max_tokens": config.load.max_tokens,
         "temperature": config.load.temperature, "seed": config.load.seed, "num_warmup": config.load.num_warmup,
-        "num_requests": {str(c): 2 * pass_size(config.load, c) if config.interleave else
+        "waves": config.load.waves, "num_requests": {str(c): 2 * pass_size(config.load, c) if config.interleave else
                          num_requests_for(config.load, c) for c in config.concurrency},
         "num_prompts": len(prompts), "interleave": config.interleave, "base": config.base, "arms": {},
     }

@@ -185,7 +185,11 @@ def bench_serve_cmd(
     drafter: str = typer.Option("dspark", help="Drafter of the speculative built-in arms."),
     num_draft_tokens: int = typer.Option(7, min=1, help="γ of the speculative built-in arms."),
     concurrency: str = typer.Option("1,2,4,8,16,32", help="Concurrency levels (requests in flight)."),
-    num_requests: int | None = typer.Option(None, min=1, help="Requests per level (default max(2C, 8); at least C)."),
+    num_requests: int | None = typer.Option(None, min=1, help="Requests per level (default max(2·waves·C, 8); at "
+                                            "least C)."),
+    waves: int = typer.Option(1, min=1, help="Default requests per level: 2·waves·C (with --interleave, waves·C per "
+                              "pass). 1: each client sends one request per pass, so a level ends with its slowest "
+                              "request; more: clients send again as theirs finish (continuous batching)."),
     max_tokens: int = typer.Option(64, min=1, help="Output tokens per request (EOS ignored)."),
     temperature: float = typer.Option(0.0, min=0.0),
     seed: int = typer.Option(0, help="Request i sends seed + i."),
@@ -241,7 +245,7 @@ def bench_serve_cmd(
                 raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
             base[key.strip()] = yaml.safe_load(value)
         load = LoadConfig(base_url="", max_tokens=max_tokens, temperature=temperature, seed=seed,
-                          num_requests=num_requests, num_warmup=num_warmup, timeout_s=timeout_s)
+                          num_requests=num_requests, num_warmup=num_warmup, timeout_s=timeout_s, waves=waves)
         cfg = ServeBenchConfig(arms=arm_map, base=base, concurrency=levels, load=load, peer_url=peer_url,
                                peer_model=peer_model, keep_requests=keep_requests, interleave=interleave,
                                alone=alone, peer_pid=peer_pid)

@@ -14,7 +14,11 @@ forwards, see `DraftGate.record`) and O the measured time a step spends outside 
 streaming replies, the serving loop), which both alternatives pay. A ratio of sums rather than a mean
 of per-step ratios, so one lucky probe does not reopen a gate that many probes kept shut.
 While g(B) = spec(B) / plain(B) stays at or below 1 the gate skips drafting at that batch size and
-probes again every few steps, backing off while probes keep losing.
+probes again every few steps, backing off while probes keep losing. Symmetrically, while g(B) > 1 the
+gate skips drafting for one step every few steps (a plain probe), backing off while drafting keeps
+winning: R_plain(B) is then measured, not estimated. An estimate leans on the profile's shape, and a
+profile measured on verify-shaped chunks (8 tokens a request) prices one more token for each of 32
+requests lower than a real step does, which kept a losing gate open at high load.
 
 Robust to one slow round: the sums run over the last `window` drafted rounds at B, leaving out any round
 slower than `outlier` × their low median, and a plain round counts at most `outlier` × the current R_plain
@@ -52,15 +56,22 @@ class _SizeState:
     plain_ms: float | None = None  # smoothed R_plain(B), measured on plain rounds
     plain_estimate_ms: float | None = None  # R_plain(B) estimated from drafted rounds' verify forwards
     skipped: int = 0  # steps skipped since the last drafted one
+    plain_interval: int = 16  # drafted steps between plain probes while g(B) > 1
+    since_plain: int = 0  # drafted steps since the last plain probe
+    plain_probed: bool = False  # a plain probe ran; the next drafted round says whether to back off
 
 
 class DraftGate:
     """Per batch size, draft while measured speculation beats target-only decoding."""
 
     def __init__(self, probe_every: int = 8, max_probe_every: int = 64, memory: float = 0.9,
-                 smoothing: float = 0.8, window: int = 32, outlier: float = 3.0) -> None:
+                 smoothing: float = 0.8, window: int = 32, outlier: float = 3.0,
+                 plain_probe_every: int = 16, max_plain_probe_every: int = 256) -> None:
         if not 1 <= probe_every <= max_probe_every:
             raise ValueError(f"need 1 <= probe_every <= max_probe_every, got {probe_every}, {max_probe_every}")
+        if not 1 <= plain_probe_every <= max_plain_probe_every:
+            raise ValueError(f"need 1 <= plain_probe_every <= max_plain_probe_every, got {plain_probe_every}, "
+                             f"{max_plain_probe_every}")
         if not 0.0 <= memory < 1.0:
             raise ValueError(f"memory must be in [0, 1), got {memory}")
         if not 0.0 <= smoothing < 1.0:
@@ -75,6 +86,8 @@ class DraftGate:
         self.smoothing = smoothing  # of the plain round times
         self.window = window  # drafted rounds per batch size that g(B) is computed over
         self.outlier = outlier  # a round this many times its peers' low median is left out
+        self.plain_probe_every = plain_probe_every  # drafted steps between an open gate's plain probes
+        self.max_plain_probe_every = max_plain_probe_every  # their back-off cap
         self._sizes: dict[int, _SizeState] = {}
         self.overhead_ms = 0.0  # O: smoothed time between rounds
         self.num_drafted = 0
@@ -90,9 +103,15 @@ class DraftGate:
         if state is None or not state.rounds:
             state = self._inherit(batch_size) or state
         unknown = state is None or not (state.rounds or state.inherited)
-        if unknown or state.gain > 1.0 or state.skipped + 1 >= state.probe_interval:
+        if unknown or state.skipped + 1 >= state.probe_interval:
             self.num_drafted += 1
             return True
+        if state.gain > 1.0:
+            if state.since_plain + 1 < state.plain_interval:
+                state.since_plain += 1
+                self.num_drafted += 1
+                return True
+            state.since_plain, state.plain_probed = 0, True  # a plain probe: measure R_plain(B)
         state.skipped += 1
         self.num_skipped += 1
         return False
@@ -111,7 +130,8 @@ class DraftGate:
 
     def _state(self, batch_size: int) -> _SizeState:
         if batch_size not in self._sizes:
-            self._sizes[batch_size] = _SizeState(self.probe_every, deque(maxlen=self.window))
+            self._sizes[batch_size] = _SizeState(self.probe_every, deque(maxlen=self.window),
+                                                 plain_interval=self.plain_probe_every)
         return self._sizes[batch_size]
 
     def plain_ms(self, batch_size: int, sps: SPSTable) -> float:
@@ -165,6 +185,10 @@ class DraftGate:
                 weight += w
             w *= self.memory
         state.gain = tokens / (round_ms_sum + weight * overhead) / plain if weight > 0.0 else 1.0
+        if state.plain_probed:  # the first drafted round after a plain probe: drafting still wins, probe rarer
+            state.plain_interval = (min(self.max_plain_probe_every, 2 * state.plain_interval)
+                                    if state.gain > 1.0 else self.plain_probe_every)
+            state.plain_probed = False
         if state.gain > 1.0:
             state.probe_interval = self.probe_every
         elif state.skipped > 0:  # a probe that lost again: wait longer before the next one

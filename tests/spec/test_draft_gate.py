@@ -62,11 +62,31 @@ def test_one_lucky_probe_does_not_reopen_a_gate_many_probes_kept_shut() -> None:
 
 
 def test_unknown_batch_size_drafts_and_winning_size_keeps_drafting() -> None:
-    gate = DraftGate()
+    gate = DraftGate(plain_probe_every=8, max_plain_probe_every=16)
     assert gate.should_draft(4)
     gate.record(4, 3, 3, 105.0, 100.0, SPS)  # (4+3)/105 vs 4/100: wins
-    assert all(gate.should_draft(4) for _ in range(20))
-    assert gate.num_skipped == 0
+    # it keeps drafting, but for one plain step in every 8, which measures R_plain(4)
+    assert [gate.should_draft(4) for _ in range(8)] == [True] * 7 + [False]
+    gate.record_plain(4, 100.0)
+    gate.record(4, 3, 3, 105.0, 100.0, SPS)  # drafting still wins: plain probes back off (to the cap, 16)
+    assert [gate.should_draft(4) for _ in range(16)] == [True] * 15 + [False]
+    gate.record_plain(4, 100.0)
+    gate.record(4, 3, 3, 105.0, 100.0, SPS)
+    assert [gate.should_draft(4) for _ in range(32)].count(False) == 2
+    assert gate.num_skipped == 4
+
+
+def test_a_plain_probe_shuts_a_gate_that_an_estimate_kept_open() -> None:
+    # a profile flat from 16 to 32 tokens: the verify forward of 16 + 16 tokens (90 ms) is taken for a plain
+    # round, and the drafted round (24 tokens in 90 ms) looks like a win; a measured plain round (50 ms) says not
+    flat = SPSTable([1, 16, 32], [50.0, 90.0, 90.0])
+    gate = DraftGate(probe_every=2, plain_probe_every=2, memory=0.0, smoothing=0.0)
+    assert gate.record(16, 16, 8, 90.0, 90.0, flat) == pytest.approx(24 / 16)
+    assert [gate.should_draft(16), gate.should_draft(16)] == [True, False]  # the plain probe
+    gate.record_plain(16, 50.0)
+    assert gate.record(16, 16, 8, 90.0, 90.0, flat) == pytest.approx((24 / 90) / (16 / 50))
+    assert gate.gains()[16] < 1.0
+    assert not gate.should_draft(16)
 
 
 def test_losing_size_skips_then_probes_with_backoff() -> None:

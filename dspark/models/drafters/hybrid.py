@@ -4,10 +4,14 @@ Per request and step:
 1. the suffix drafter's sources (the request's own text, the global index of the target's text) propose
    at almost no cost, each with calibrated survival; the better one has E_c expected accepted tokens;
 2. DSpark's forward runs for the set S of requests that maximises the batch's expected tokens per unit
-   time, (Σ_r (1 + E_r)) / (R + C(|S|)): E_r is E_d for r in S (DSpark's accepted tokens on its recent
-   rounds, per regime, a decayed mean, a round whose drafts the scheduler verified none of counting 0; a
-   prior until it has rounds), E_c otherwise; R the measured time of a round at this batch size without
-   DSpark's forward, C(k) the measured time of DSpark's forward for k requests. The requests with the
+   time, (Σ_r (1 + E_r)) / (R + C(|S|)): E_r is E_d for r in S, E_c otherwise. E_d is DSpark's accepted
+   tokens on its recent rounds (a decayed mean, a round whose drafts the scheduler verified none of counting
+   0; a prior until it has rounds) per regime and per band of E_c: DSpark is chosen where the cheap
+   sources have little, and there it accepts far less than on average (8 prompts at batch 1 on a Xeon:
+   11 of 93 verified tokens), so one mean over all its rounds would keep choosing it where it loses.
+   R is the measured time of a round at this batch size without DSpark's forward, C(k) the measured time
+   of DSpark's forward for k requests (with the projection of the context rows it has not seen since its
+   last draft for them: the choice causes that work, DSpark projects lazily). The requests with the
    largest E_d − E_c join S first. One DSpark forward is paid by the whole batch: at batch 1 this is
    (1 + E_d) > (1 + E_c)(1 + C/R); at batch 8 a request whose free draft is short no longer justifies,
    alone, a forward that slows the other seven;
@@ -24,6 +28,7 @@ distribution; a mixture of sources chosen independently of the draft's randomnes
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from dataclasses import asdict
@@ -39,6 +44,7 @@ log = logging.getLogger(__name__)
 
 _PRIOR_MODEL_TOKENS = {"greedy": 0.8, "sampled": 0.6}  # DSpark's τ − 1 in `dspark eval` (1.8 / 1.6)
 _PRIOR_ROUNDS = 4.0  # the prior's weight in rounds: one unlucky first round must not shut DSpark out
+_BANDS = (0.25, 0.5, 1.0, 2.0)  # upper edges of the E_c bands DSpark's acceptance is kept apart for
 _DECAY = 0.98
 
 
@@ -55,14 +61,16 @@ class HybridDrafter:
         self.hidden_layers: tuple[int, ...] = tuple(getattr(model, "hidden_layers", ())) if model else ()
         self.block_size = getattr(model, "block_size", 7)
         self._fixed_ratio = model_cost_ratio  # tests and what-ifs: C(k) = ratio · R; None: measured
-        # decayed sums per regime: DSpark's accepted tokens and rounds (seeded with _PRIOR_ROUNDS prior rounds)
-        self._model_acc = {r: _PRIOR_ROUNDS * v for r, v in _PRIOR_MODEL_TOKENS.items()}
-        self._model_rounds = {r: _PRIOR_ROUNDS for r in _PRIOR_MODEL_TOKENS}
+        # decayed sums per (regime, E_c band): DSpark's accepted tokens and rounds (seeded with _PRIOR_ROUNDS
+        # prior rounds)
+        keys = [(r, b) for r in _PRIOR_MODEL_TOKENS for b in range(len(_BANDS) + 1)]
+        self._model_acc = {k: _PRIOR_ROUNDS * _PRIOR_MODEL_TOKENS[k[0]] for k in keys}
+        self._model_rounds = {k: _PRIOR_ROUNDS for k in keys}
         self._model_ms: dict[int, float] = {}  # C(k): decayed mean of DSpark's forward for k requests
         self._model_warm: set[int] = set()  # sizes whose first (cold) forward was seen
         self._round_ms: dict[int, float] = {}  # R(B): decayed mean of a round at batch B, DSpark's forward out
         self._open_round: tuple[float, float, int] | None = None  # this round's start, DSpark ms, batch size
-        self._chosen_model: dict[str, float] = {}  # request id -> temperature, of this round's DSpark drafts
+        self._chosen_model: dict[str, tuple[str, int]] = {}  # request id -> (regime, band) of its DSpark draft
         self.model_stats = SourceStats()
 
     @classmethod
@@ -91,7 +99,7 @@ class HybridDrafter:
         start = time.perf_counter()
         before = {s: v.num_proposals for s, v in self.suffix.stats.items()}
         cheap: list[Proposal | None] = self.suffix.choose_batch(requests, max_num_tokens)
-        use_model = self._choose_model(cheap, requests)
+        use_model, keys = self._choose_model(cheap, requests)
         tokens: list[list[int]] = [p.walk.tokens if p else [] for p in cheap]
         sources = [p.source if p else "" for p in cheap]
         confidences: list[list[float]] = [p.conditional if p else [] for p in cheap]
@@ -111,7 +119,7 @@ class HybridDrafter:
             for j, i in enumerate(picked):
                 tokens[i] = out.tokens[j]
                 confidences[i] = out.confidences[j] if out.confidences is not None else [0.5] * len(out.tokens[j])
-                self._chosen_model[requests[i].request_id] = requests[i].temperature
+                self._chosen_model[requests[i].request_id] = keys[i]
                 sources[i] = "dspark" if tokens[i] else ""
             if out.probs is not None:
                 probs = self._point_masses(tokens)
@@ -140,16 +148,18 @@ class HybridDrafter:
             out.append(q)
         return out
 
-    def _choose_model(self, cheap: list[Proposal | None], requests: list[DraftRequest]) -> list[bool]:
+    def _choose_model(self, cheap: list[Proposal | None],
+                      requests: list[DraftRequest]) -> tuple[list[bool], list[tuple[str, int]]]:
         """Per request, whether DSpark drafts it: the set that maximises the batch's expected tokens per unit
-        time (see the module docstring). Depends on the requests' contexts (through the deterministic cheap
-        drafts) and on past rounds only."""
+        time (see the module docstring), and the (regime, E_c band) its verdict is kept under. Depends on the
+        requests' contexts (through the deterministic cheap drafts) and on past rounds only."""
         chosen = [False] * len(requests)
+        expected = [p.expected_tokens if p is not None else 0.0 for p in cheap]
+        keys = [(regime_of(r.temperature), bisect.bisect_right(_BANDS, e)) for r, e in zip(requests, expected)]
         if self.feature_drafter is None or not requests:
-            return chosen
-        free = [1.0 + (p.expected_tokens if p is not None else 0.0) for p in cheap]
-        gain = [1.0 + self._model_acc[regime_of(r.temperature)] / self._model_rounds[regime_of(r.temperature)] - f
-                for f, r in zip(free, requests)]
+            return chosen, keys
+        free = [1.0 + e for e in expected]
+        gain = [1.0 + self._model_acc[k] / self._model_rounds[k] - f for f, k in zip(free, keys)]
         order = sorted((i for i, g in enumerate(gain) if g > 0), key=lambda i: -gain[i])
         round_ms = self._nearest(self._round_ms, len(requests)) or 1.0
         tokens = sum(free)
@@ -161,7 +171,7 @@ class HybridDrafter:
                 best_k, best_rate = k, rate
         for i in order[:best_k]:
             chosen[i] = True
-        return chosen
+        return chosen, keys
 
     def model_cost_ms(self, num_requests: int, round_ms: float) -> float:
         """C(k): DSpark's forward for k requests, measured (the nearest measured k); before any is measured,
@@ -186,13 +196,12 @@ class HybridDrafter:
             self._open_round = None
         self.suffix.feedback(request_ids, num_verified, num_accepted)
         for rid, n_ver, n_acc in zip(request_ids, num_verified, num_accepted):
-            temperature = self._chosen_model.get(rid)
-            if temperature is None:
+            key = self._chosen_model.get(rid)
+            if key is None:
                 continue
-            regime = regime_of(temperature)
             # a DSpark draft the scheduler verified none of still cost its forward: a round with 0 tokens gained
-            self._model_acc[regime] = _DECAY * self._model_acc[regime] + n_acc
-            self._model_rounds[regime] = _DECAY * self._model_rounds[regime] + 1.0
+            self._model_acc[key] = _DECAY * self._model_acc[key] + n_acc
+            self._model_rounds[key] = _DECAY * self._model_rounds[key] + 1.0
             if n_ver == 0:
                 continue
             s = self.model_stats

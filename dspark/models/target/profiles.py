@@ -3,7 +3,8 @@
 A profile measured on another CPU (or in another dtype) describes another throughput curve: an AVX2
 EPYC pays ~2x for verifying 8 tokens instead of 1 at batch 1 in fp32, an AMX Xeon in bf16 far less,
 and the prefix scheduler's choices follow that curve. So each profile records what it was measured on
-(`meta.cpu`: model name and ISA flags, `meta.model`, `meta.dtype`, `meta.device`), the engine looks for
+(`meta.hardware`: model name and ISA flags, `meta.model`, `meta.dtype`, `meta.device`, on a CPU
+`meta.num_threads`: a 1-thread replica's curve has another shape than a 2-thread one), the engine looks for
 a match among the shipped profiles (`configs/profiles/`) and the ones it measured before
 (``~/.cache/dspark/profiles/``), and measures one now (a short grid, seconds; once per machine, cached)
 when none matches. `dspark prepare` does that before the cluster starts.
@@ -49,24 +50,34 @@ def profile_dirs() -> list[Path]:
     return [shipped_dir(), cache_dir() / "profiles"]
 
 
-def machine_identity(target_name: str, device: torch.device | str, dtype: torch.dtype) -> dict:
-    """What a profile must have been measured on to describe this engine's throughput."""
+def machine_identity(target_name: str, device: torch.device | str, dtype: torch.dtype,
+                     num_threads: int | None = None) -> dict:
+    """What a profile must have been measured on to describe this engine's throughput. On a CPU that
+    includes the torch threads (default: this process's): a 1-thread replica's curve is not a 2-thread
+    one scaled (at 32 tokens a step is ~1.7x slower, but the next 32 cost about the same), and the
+    prefix scheduler's choices follow the curve's shape."""
     dev = torch.device(device)
     hw = ({"gpu": torch.cuda.get_device_name(dev)} if dev.type == "cuda" else cpu_signature())
-    return {"hardware": hw, "model": Path(target_name).name, "dtype": str(dtype).removeprefix("torch."),
-            "device": dev.type}
+    ident = {"hardware": hw, "model": Path(target_name).name, "dtype": str(dtype).removeprefix("torch."),
+             "device": dev.type}
+    if dev.type == "cpu":
+        ident["num_threads"] = int(num_threads or torch.get_num_threads())
+    return ident
 
 
 def identity_of(meta: dict) -> dict | None:
     """The identity a profile's meta records, or None for a profile that does not say (not matched)."""
     if "hardware" not in meta:
         return None
-    return {"hardware": meta["hardware"], "model": Path(str(meta.get("model", ""))).name,
-            "dtype": meta.get("dtype"), "device": meta.get("device", "cpu")}
+    ident = {"hardware": meta["hardware"], "model": Path(str(meta.get("model", ""))).name,
+             "dtype": meta.get("dtype"), "device": meta.get("device", "cpu")}
+    if ident["device"] == "cpu":
+        ident["num_threads"] = meta.get("num_threads")
+    return ident
 
 
 def slug(identity: dict) -> str:
-    """A file name for a profile: cpu-<isa>-<model name>-<model>-<dtype>."""
+    """A file name for a profile: cpu-<isa>-<model name>-<model>-<dtype>[-<threads>t]."""
     hw = identity["hardware"]
     if "gpu" in hw:
         name = f"cuda-{hw['gpu']}"
@@ -75,7 +86,8 @@ def slug(identity: dict) -> str:
         isa = "amx" if "amx_bf16" in flags else "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags \
             else "generic"
         name = f"cpu-{isa}-{hw['model']}"
-    raw = f"{name}-{identity['model']}-{identity['dtype']}".lower()
+    threads = f"-{identity['num_threads']}t" if identity.get("num_threads") else ""
+    raw = f"{name}-{identity['model']}-{identity['dtype']}{threads}".lower()
     return "".join(c if c.isalnum() else "-" for c in raw).strip("-").replace("--", "-")
 
 
@@ -137,11 +149,13 @@ def load_sps(sps_profile: str | None, target: TargetModel) -> SPSTable:
 
 
 def recorded_dtype_choice(target_name: str, device: str) -> dict | None:
-    """The per-role dtype measurement `dspark profile` stored with a profile of this machine and model."""
+    """The per-role dtype measurement `dspark profile` stored with a profile of this machine and model
+    (at any thread count)."""
     want = machine_identity(target_name, device, torch.float32)
     for _, meta in _profile_metas():
         ident = identity_of(meta)
-        if ident is not None and "dtypes" in meta and {**ident, "dtype": "float32"} == want:
+        if ident is not None and "dtypes" in meta and \
+                {**ident, "dtype": "float32", "num_threads": None} == {**want, "num_threads": None}:
             return meta["dtypes"]
     return None
 
