@@ -15,6 +15,7 @@ from dspark.bench.load import (
     LoadConfig,
     RequestRecord,
     merge_levels,
+    num_warmup_for,
     request_body,
     stream_one,
     summarize_level,
@@ -117,6 +118,11 @@ def test_merged_passes_pool_tokens_over_summed_time_and_pass_sizes_reach_the_lev
     load = LoadConfig(base_url="")
     assert [pass_size(load, c) for c in (1, 4, 8, 32)] == [4, 4, 8, 32]  # half of max(2C, 8), at least C
     assert pass_size(LoadConfig(base_url="", num_requests=5), 1) == 3
+    waves = LoadConfig(base_url="", waves=3)  # clients send again as theirs finish: 3 waves of C per pass
+    assert [pass_size(waves, c) for c in (1, 4, 32)] == [4, 12, 96]
+    # warm-up loads the whole batch once per turn; 0 turns it off
+    assert [num_warmup_for(load, c) for c in (1, 2, 32)] == [2, 2, 32]
+    assert num_warmup_for(LoadConfig(base_url="", num_warmup=0), 32) == 0
 
 
 def test_interleaved_arms_must_route_apart() -> None:

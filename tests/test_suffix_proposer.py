@@ -205,6 +205,25 @@ def test_hybrid_greedy_speculation_equals_hf_generate(tiny_target, mode, schedul
     assert not hybrid.suffix._texts if mode == "colocated" else len(hybrid.suffix._texts) <= 8
 
 
+def test_hybrid_learns_dspark_acceptance_apart_where_the_cheap_sources_have_little(tiny_target):
+    """DSpark's verdicts are kept per band of the cheap sources' expectation E_c: where it was chosen and lost
+    (E_c ~ 0) it stops being chosen, while a band it has no verdicts in keeps the prior."""
+    from types import SimpleNamespace
+
+    hybrid = make_hybrid(tiny_target, [np.arange(64, dtype=np.int32)], model_ratio=0.1)
+    requests = [DraftRequest("a", [1, 2, 3], 0.0), DraftRequest("b", [1, 2, 4], 0.0)]
+    cheap = [SimpleNamespace(expected_tokens=0.0), SimpleNamespace(expected_tokens=0.3)]  # bands 0 and 1
+    chosen, keys = hybrid._choose_model(cheap, requests)  # type: ignore[arg-type]
+    assert chosen == [True, True] and keys == [("greedy", 0), ("greedy", 1)]
+    for _ in range(40):  # chosen at E_c ~ 0 and verified, nothing accepted
+        hybrid._chosen_model["a"] = keys[0]
+        hybrid.feedback(["a"], [3], [0])
+    # alone in a step (a forward costs a tenth of a round): not worth it at E_c ~ 0 any more, still at E_c 0.3
+    assert hybrid._choose_model(cheap[:1], requests[:1])[0] == [False]  # type: ignore[arg-type]
+    assert hybrid._choose_model(cheap[1:], requests[1:])[0] == [True]  # type: ignore[arg-type]
+    assert hybrid.source_stats()["dspark"]["num_verified"] == 120
+
+
 def pit_counts(target, prefixes: list[list[int]], tokens: list[int], rng: np.random.Generator,
                num_bins: int = 20) -> torch.Tensor:
     """Randomised probability integral transform of each token under the target's T=1 distribution after its

@@ -193,7 +193,8 @@ def bench_serve_cmd(
     max_tokens: int = typer.Option(64, min=1, help="Output tokens per request (EOS ignored)."),
     temperature: float = typer.Option(0.0, min=0.0),
     seed: int = typer.Option(0, help="Request i sends seed + i."),
-    num_warmup: int = typer.Option(2, min=0, help="Uncounted warm-up requests before each level."),
+    num_warmup: int = typer.Option(2, min=0, help="Uncounted warm-up requests (16 tokens) before each level "
+                                   "and pass, at least one per client (0: none)."),
     max_num_seqs: int | None = typer.Option(None, min=1, help="Server batch cap (default: highest level)."),
     set_: list[str] = typer.Option([], "--set", help="KEY=VALUE ServeAppConfig override for every arm "
                                    "(YAML value, e.g. --set num_cpus_per_replica=2); arm values win."),
