@@ -161,9 +161,8 @@ async def run_level(config: LoadConfig, prompts: list[Messages], concurrency: in
 
 def num_warmup_for(config: LoadConfig, concurrency: int) -> int:
     """Warm-up requests before a level (or an interleaved pass): `num_warmup`, but at least one per client
-    (0 turns it off). An arm that has just run is faster than one that sat idle while the others ran
-    (interleaved on a 2-core Xeon: ~5 % at C = 32 for the arm whose two turns meet between levels), so
-    every arm's turn starts with its whole batch loaded once."""
+    (0 turns it off), so every arm's turn starts with its whole batch loaded once and the first batch of
+    a new size (its buffers, its kernels' first calls) is not in the figures."""
     return max(config.num_warmup, concurrency) if config.num_warmup > 0 else 0
 
 
