@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from dspark.kernels import native
 from dspark.kernels.gemm_plan import GemmPlan
-from dspark.models.target.layer import SeqChunk
+from dspark.models.target.layer import SeqChunk, rms_norm
 from dspark.models.target.loader import TargetModel, load_target
 from dspark.models.target.runner import TargetRunner
 
@@ -26,6 +26,34 @@ def test_native_gemm_matches_linear_and_its_rows_do_not_depend_on_the_row_count(
     torch.testing.assert_close(got, F.linear(x, w), atol=1e-5, rtol=1e-5)
     alone = torch.cat([native.linear(x[i:i + 1], packed, 70) for i in range(rows)])
     assert torch.equal(got, alone)  # the same reduction order whatever else the step carries
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 5, 60, 64, 70])
+def test_row_major_copies_a_transposed_head_output_exactly(dtype: torch.dtype, rows: int) -> None:
+    """W @ xᵀ's output (a transposed view, its storage padded past `rows` columns) comes back row-major and
+    equal element for element; a tensor that is neither such a view nor contiguous goes through `contiguous`."""
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(300, 16, generator=gen).to(dtype)
+    x = torch.randn(rows + (-rows % 8), 16, generator=gen).to(dtype)
+    view = torch.mm(weight, x.t()).t()[:rows]  # (rows, 300), strides (1, padded rows)
+    got = native.row_major(view)
+    assert got.is_contiguous() and got.dtype == dtype and torch.equal(got, view)
+    other = torch.randn(20, 30, generator=gen).to(dtype)[:, ::2]
+    assert torch.equal(native.row_major(other), other) and native.row_major(other).is_contiguous()
+
+
+def test_the_runner_hands_out_row_major_logits_whatever_the_head_kernel(tiny_target: TargetModel) -> None:
+    """Every consumer of the logits reduces over a token's row (greedy acceptance, sampling): the runner never
+    hands them the transposed view that W @ xᵀ leaves, and the values are those of the plain head."""
+    runner = TargetRunner(tiny_target.model, 2, 64)
+    rows = torch.randn(11, runner.lm_head.weight.shape[1])
+    for kernel in ("wx", "linear"):
+        runner.gemm_plan = GemmPlan.fixed(kernel)
+        logits = runner.logits(rows)
+        assert logits.is_contiguous()
+        torch.testing.assert_close(logits, runner.lm_head(rms_norm(rows, runner.final_norm, runner.eps), "linear"),
+                                   atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -106,6 +106,9 @@ def library() -> ctypes.CDLL | None:
     lib.silu_mul_f32.restype = None
     lib.rms_norm_f32.argtypes = [i64, ptr, ptr, ptr, i64, ctypes.c_float, i64]
     lib.rms_norm_f32.restype = None
+    for name in ("transpose_2byte", "transpose_4byte"):
+        getattr(lib, name).argtypes = [ptr, ptr, i64, i64, i64, i64]
+        getattr(lib, name).restype = None
     return lib
 
 
@@ -198,6 +201,21 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     with traced("native::rms_norm"):
         lib.rms_norm_f32(x.shape[0], x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[1], eps,
                          torch.get_num_threads())
+    return out
+
+
+def row_major(x: torch.Tensor) -> torch.Tensor:
+    """x (N, M) as a contiguous tensor. A transposed view (strides (1, S), S >= N: W @ xᵀ's output) is copied by
+    the native tiled transpose, several times faster than PyTorch's strided copy on 2-byte elements; anything
+    else, and every case without the native kernels, by `contiguous`."""
+    lib = library()
+    if (x.is_contiguous() or lib is None or x.dim() != 2 or x.device.type != "cpu" or x.stride(0) != 1
+            or x.stride(1) < x.shape[0] or x.element_size() not in (2, 4)):
+        return x.contiguous()
+    out = torch.empty(x.shape, dtype=x.dtype)
+    kernel = lib.transpose_2byte if x.element_size() == 2 else lib.transpose_4byte
+    with traced("native::row_major"):  # x's storage: (M, S) row-major, its first N columns are x's rows
+        kernel(x.data_ptr(), out.data_ptr(), x.shape[1], x.shape[0], x.stride(1), torch.get_num_threads())
     return out
 
 

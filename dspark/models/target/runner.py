@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from dspark.kernels import native
 from dspark.kernels.cache_once import cache_dir
-from dspark.kernels.gemm_plan import GemmPlan, PlannedLinear, plan_for
+from dspark.kernels.gemm_plan import GemmPlan, PlannedLinear, head_output, plan_for
 from dspark.kernels.native import FusedDecoder
 from dspark.models.target.family import (
     activation_of,
@@ -181,9 +181,10 @@ class TargetRunner:
         return tables
 
     def logits(self, rows: torch.Tensor) -> torch.Tensor:
-        """Final norm, LM head and (Gemma) soft-capping of the rows (N, D) that want logits."""
+        """Final norm, LM head and (Gemma) soft-capping of the rows (N, D) that want logits: (N, V), row-major
+        (every consumer reduces over a row; see `head_output`)."""
         kernel = self.gemm_plan.kernel(rows.shape[0], is_head=True)
-        logits = self.lm_head(rms_norm(rows, self.final_norm, self.eps), kernel)
+        logits = head_output(self.lm_head(rms_norm(rows, self.final_norm, self.eps), kernel))
         if self.logit_softcap is not None:
             logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
         return logits
