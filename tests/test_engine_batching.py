@@ -6,6 +6,7 @@ import torch
 
 from dspark.config.engine import EngineConfig
 from dspark.models.target.loader import TargetModel
+from dspark.spec.draft_gate import DraftGate
 from dspark.verify_service.engine import Engine
 from dspark.verify_service.request import SamplingParams
 from tests.test_engine_lossless import tiny_prompts
@@ -97,3 +98,34 @@ def test_target_only_steps_carry_arriving_prompts_in_the_decode_forward(tiny_tar
     assert sum(mixed) >= 3  # refills rode along with running requests' tokens
     solo = [target_only(1).generate([p], [sp])[0].output_ids for p, sp in zip(prompts, params)]
     assert batched == solo
+
+
+def test_a_round_that_prefills_prompts_drafts_past_a_shut_gate_and_schedules_with_their_tokens(tiny_target,
+                                                                                               monkeypatch):
+    """Beside a prompt's tokens a draft's verification costs a small share of the forward: such a round drafts
+    even where the gate is shut, and the scheduler's step-time table counts the prompts' tokens."""
+    engine = _engine(tiny_target, "greedy", max_num_seqs=2)
+    engine.set_draft_gate(DraftGate())
+    for _ in range(8):  # batch 1 has lost, round after round: shut
+        engine.gate.record(1, 7, 0, 1000.0, 10.0, engine.sps)
+    proposals, tables = [], []
+    real_propose, real_schedule = engine.drafter.propose, engine.scheduler.schedule
+
+    def counting_propose(reqs, gamma):  # the real drafter, its calls counted
+        proposals.append(len(reqs))
+        return real_propose(reqs, gamma)
+
+    def recording_schedule(survival, sps):  # the real scheduler, the table it was given noted
+        tables.append(sps.meta.get("base_tokens", 0))
+        return real_schedule(survival, sps)
+
+    monkeypatch.setattr(engine.drafter, "propose", counting_propose)
+    monkeypatch.setattr(engine.scheduler, "schedule", recording_schedule)
+    first, second = tiny_prompts(tiny_target.model.config.vocab_size)[:2]
+    engine.add_request(first, SamplingParams(max_tokens=20, ignore_eos=True))
+    engine.step()  # prefill, then a round at batch 1: the gate is shut, nothing drafted
+    assert proposals == [] and tables == [0]
+    engine.add_request(second, SamplingParams(max_tokens=20, ignore_eos=True))
+    engine.step()  # the second prompt rides in the first request's round: drafted, scheduled with its tokens
+    assert proposals == [1] and tables[-1] == len(second)
+    assert not engine.gate.should_draft(1)  # the gate itself is still shut at batch 1

@@ -66,7 +66,7 @@ class DraftGate:
 
     def __init__(self, probe_every: int = 8, max_probe_every: int = 64, memory: float = 0.9,
                  smoothing: float = 0.8, window: int = 32, outlier: float = 3.0,
-                 plain_probe_every: int = 16, max_plain_probe_every: int = 256) -> None:
+                 plain_probe_every: int = 16, max_plain_probe_every: int = 256, inherit_min_rounds: int = 4) -> None:
         if not 1 <= probe_every <= max_probe_every:
             raise ValueError(f"need 1 <= probe_every <= max_probe_every, got {probe_every}, {max_probe_every}")
         if not 1 <= plain_probe_every <= max_plain_probe_every:
@@ -88,6 +88,7 @@ class DraftGate:
         self.outlier = outlier  # a round this many times its peers' low median is left out
         self.plain_probe_every = plain_probe_every  # drafted steps between an open gate's plain probes
         self.max_plain_probe_every = max_plain_probe_every  # their back-off cap
+        self.inherit_min_rounds = inherit_min_rounds  # drafted rounds a size needs before larger ones inherit
         self._sizes: dict[int, _SizeState] = {}
         self.overhead_ms = 0.0  # O: smoothed time between rounds
         self.num_drafted = 0
@@ -117,12 +118,14 @@ class DraftGate:
         return False
 
     def _inherit(self, batch_size: int) -> _SizeState | None:
-        """A new size starts shut where the nearest smaller drafted size is shut (its gain and back-off)."""
+        """A new size starts shut where the nearest smaller drafted size is shut (its gain and back-off), once
+        that size drafted `inherit_min_rounds` times. One unlucky round is no evidence: a batch-1 round that
+        accepted nothing once shut every larger size of a drain that had not drafted yet."""
         smaller = [b for b, st in self._sizes.items() if b < batch_size and st.rounds]
         if not smaller:
             return None
         near = self._sizes[max(smaller)]
-        if near.gain > 1.0:
+        if near.gain > 1.0 or len(near.rounds) < self.inherit_min_rounds:
             return None
         state = self._state(batch_size)
         state.gain, state.probe_interval, state.inherited = near.gain, near.probe_interval, True

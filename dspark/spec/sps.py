@@ -56,6 +56,19 @@ class SPSTable:
         """Steps per second at ``num_tokens`` tokens per step: 1000 / `step_time_ms_at`."""
         return 1000.0 / self.step_time_ms_at(num_tokens)
 
+    def with_base_tokens(self, extra_tokens: int) -> SPSTable:
+        """The table of a step that carries `extra_tokens` more tokens than it schedules (prompts riding in a
+        verify forward): T'(n) = T(n + extra_tokens). Such a step is longer, so one more verified token costs
+        less of its throughput, and a scheduler given this table verifies accordingly more."""
+        if extra_tokens <= 0:
+            return self
+        xs = [1] + [x - extra_tokens for x in self.tokens_per_step if x - extra_tokens > 1]
+        ys = [self.step_time_ms_at(x + extra_tokens) for x in xs]
+        if len(xs) == 1 and len(self.tokens_per_step) > 1:  # past the measured points: keep the last slope
+            xs.append(2)
+            ys.append(self.step_time_ms_at(2 + extra_tokens))
+        return SPSTable(xs, ys, {**self.meta, "base_tokens": extra_tokens})
+
     def monotone(self) -> SPSTable:
         """A copy whose step times never fall as tokens grow (isotonic least-squares fit).
 

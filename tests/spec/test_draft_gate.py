@@ -156,7 +156,8 @@ def test_one_slow_first_round_does_not_shut_the_gate_for_good() -> None:
 
 def test_a_new_batch_size_starts_where_its_smaller_neighbour_is_shut() -> None:
     gate = DraftGate(probe_every=4)
-    gate.record(4, 3, 0, 200.0, 100.0, SPS)  # B=4 loses
+    for _ in range(gate.inherit_min_rounds):
+        gate.record(4, 3, 0, 200.0, 100.0, SPS)  # B=4 loses, round after round
     assert not gate.should_draft(4)
     # B=6 was never drafted at: it starts shut with B=4's back-off, then probes on its own
     assert [gate.should_draft(6) for _ in range(4)] == [False, False, False, True]
@@ -166,3 +167,11 @@ def test_a_new_batch_size_starts_where_its_smaller_neighbour_is_shut() -> None:
     # a smaller size than any measured, or one above an open size, drafts at once
     assert gate.should_draft(2)
     assert gate.should_draft(8)
+
+
+def test_one_losing_round_at_a_small_size_does_not_shut_the_larger_ones() -> None:
+    """A drain passes through sizes that never drafted: one unlucky round at batch 1 is no word on them."""
+    gate = DraftGate(probe_every=4)
+    gate.record(1, 7, 0, 120.0, 100.0, SPS)  # batch 1 drafted once and accepted nothing
+    assert not gate.should_draft(1)
+    assert all(gate.should_draft(b) for b in (2, 5, 12))  # larger sizes measure for themselves

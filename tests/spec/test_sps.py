@@ -84,3 +84,14 @@ def test_monotone_fit_pools_dips_and_keeps_rising_profiles() -> None:
     assert all(a <= b for a, b in zip(fitted.step_time_ms, fitted.step_time_ms[1:]))
     rising = SPSTable([1, 8, 64], [5.0, 6.0, 12.0])
     assert rising.monotone().step_time_ms == rising.step_time_ms
+
+
+@pytest.mark.parametrize("extra", [0, 3, 10, 63, 200])
+def test_a_step_with_riding_prompts_is_the_table_shifted_by_their_tokens(extra: int) -> None:
+    table = SPSTable([1, 8, 32, 64], [20.0, 25.0, 32.0, 51.0])
+    shifted = table.with_base_tokens(extra)
+    for n in (1, 2, 5, 22, 30, 54, 80, 500):
+        assert shifted.step_time_ms_at(n) == pytest.approx(table.step_time_ms_at(n + extra))
+    # one more token costs a step with prompts a smaller share of its time: the scheduler verifies more
+    if extra:
+        assert shifted.sps(9) / shifted.sps(8) > table.sps(9) / table.sps(8)
