@@ -223,3 +223,14 @@ def test_failed_requests_are_recorded_with_their_reason_and_counted(reply: httpx
     assert rec.error is not None and reason in rec.error
     level = summarize_level(LevelResult(1, 1.0, [rec]), max_tokens=2)
     assert level["num_errors"] == 1 and level["output_throughput_tok_s"] == 0.0 and reason in level["errors"][0]
+
+
+def test_a_pass_below_no_spec_fails_the_per_pass_flag_even_when_the_level_total_is_above() -> None:
+    result = _result({"no-spec": [_level(16, 300)], "scheduled": [_level(16, 310, 1.4)]})
+    result["arms"]["no-spec"]["levels"][0]["pass_throughput_tok_s"] = [290.0, 310.0]
+    result["arms"]["scheduled"]["levels"][0]["pass_throughput_tok_s"] = [289.0, 331.0]
+    flags = summarize(result)["flags"]
+    assert flags["scheduled_never_below_no_spec"] is True  # the level's total: 310 against 300
+    assert flags["scheduled_never_below_no_spec_in_any_pass"] is False  # pass 1: 289 against 290
+    result["arms"]["scheduled"]["levels"][0]["pass_throughput_tok_s"] = [291.0, 331.0]
+    assert summarize(result)["flags"]["scheduled_never_below_no_spec_in_any_pass"] is True

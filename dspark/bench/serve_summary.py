@@ -67,6 +67,9 @@ def summarize(result: dict) -> dict:
     by_pass = _pass_ratios(result, "scheduled", "no-spec")
     if by_pass:
         flags["scheduled_vs_no_spec_by_pass"] = by_pass
+        # the bar is per pass: a level's total can hide one pass below no-spec
+        flags["scheduled_never_below_no_spec_in_any_pass"] = all(r >= 1.0 for ratios in by_pass.values()
+                                                                  for r in ratios)
     if sched and thr.get("fixed-k"):
         high = [c for c in sched if c >= 8 and c in thr["fixed-k"]]
         if high:
