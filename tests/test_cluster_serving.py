@@ -17,6 +17,7 @@ from dspark.verify_service.engine import Engine
 from dspark.verify_service.request import SamplingParams
 from tests.test_engine_lossless import tiny_prompts
 from tests.test_serve_http import serving
+from tests.tiny import tiny_sps_path
 
 MODEL = "tiny"
 NUM_NEW = 20
@@ -31,7 +32,10 @@ def app_args(target_dir: Path, **extra: object) -> dict:
             "transport": "gloo", "cluster_name": CLUSTER, "num_cpus_per_replica": 0.25,
             # a tiny model verifies in ~1 ms, so the draft gate would (rightly) stop paying for remote drafts;
             # these tests are about the draft path, so it stays on
-            "draft_gate": False, **extra}
+            "draft_gate": False,
+            # and the verification lengths follow the tiny model's test curve, not a profile measured at start-up
+            # in ~1 ms steps (one burst of noise in it, and the scheduler rightly verifies nothing: seen in CI)
+            "sps_profile": tiny_sps_path(target_dir), **extra}
 
 
 @pytest.fixture(scope="module")

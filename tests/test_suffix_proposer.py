@@ -129,12 +129,12 @@ def test_binned_calibration_recovers_the_acceptance_rate_per_cell_and_round_trip
     for _ in range(4000):
         f = float(rng.choice(list(truth)))
         accepted = int(rng.random() < truth[f])
-        cal.record("corpus", 0.0, [f], [8], [4], 1, accepted)
-    got = cal.conditional("corpus", 0.0, [0.25, 0.95], [8, 8], [4, 4])
+        cal.record("corpus", "greedy", [f], [8], [4], 1, accepted)
+    got = cal.conditional("corpus", "greedy", [0.25, 0.95], [8, 8], [4, 4])
     assert got[0] == pytest.approx(0.1, abs=0.03) and got[1] == pytest.approx(0.8, abs=0.03)
-    assert cal.conditional("corpus", 1.0, [0.95], [8], [4]) == [0.95]  # no sampled-regime data: raw frequency
+    assert cal.conditional("corpus", "sampled", [0.95], [8], [4]) == [0.95]  # no sampled-regime data: raw frequency
     cal.save(tmp_path / "c.json")
-    assert SourceCalibration.load(tmp_path / "c.json").conditional("corpus", 0.0, [0.25], [8], [4]) == [got[0]]
+    assert SourceCalibration.load(tmp_path / "c.json").conditional("corpus", "greedy", [0.25], [8], [4]) == [got[0]]
     assert feature_bins(1.0, 1, 1, 1) == (9, 0, 0, 0) and feature_bins(0.0, 100, 20, 9) == (0, 6, 5, 3)
 
 
@@ -243,15 +243,17 @@ def pit_counts(target, prefixes: list[list[int]], tokens: list[int], rng: np.ran
     return counts
 
 
-@pytest.mark.parametrize("mode", ["colocated", "decoupled"])
-def test_hybrid_sampled_tokens_follow_the_target_distribution(tiny_target, mode):
+@pytest.mark.parametrize(("mode", "empirical_q"), [("colocated", True), ("decoupled", True), ("colocated", False)])
+def test_hybrid_sampled_tokens_follow_the_target_distribution(tiny_target, mode, empirical_q):
     """T = 1, 3,000 requests of one prompt, 4 tokens each; every token after the first comes out of a
-    verification round whose draft is a point mass (request or corpus source) or DSpark's sample, mixed in one
-    batch. Positions 2-4 are checked by a chi-square on the PIT bins: 3 tests at ALPHA = 1e-4, so a lossless
-    engine fails with probability <= 3e-4 per mode (fixed seeds: the outcome is deterministic)."""
+    verification round whose draft is drawn from its cheap source's q (request or corpus source; with
+    `empirical_q` off, their deterministic walk as a point mass) or DSpark's sample, mixed in one batch.
+    Positions 2-4 are checked by a chi-square on the PIT bins: 3 tests at ALPHA = 1e-4, so a lossless engine
+    fails with probability <= 3e-4 per case (fixed seeds: the outcome is deterministic)."""
     prompt = tiny_prompts(tiny_target.model.config.vocab_size)[1][:12]
     docs = self_distilled_docs(tiny_target, [prompt] * 64, 6, 1.0)
     hybrid = make_hybrid(tiny_target, docs)
+    hybrid.suffix.config.empirical_q = empirical_q
     # fixed k: every drafted token is verified (a load-aware scheduler would skip the random DSpark's drafts)
     cfg = EngineConfig(target=str(tiny_target.path), drafter="hybrid", scheduler="fixed", scheduler_kwargs={"k": 3},
                        num_draft_tokens=4, max_num_seqs=64, max_model_len=64, prefix_cache_mb=0)
@@ -260,6 +262,8 @@ def test_hybrid_sampled_tokens_follow_the_target_distribution(tiny_target, mode)
                                                                 ignore_eos=True) for i in range(3000)])
     counts = source_counts(engine)
     assert counts["dspark"][1] > 0 and counts["corpus"][2] > 0  # both kinds of draft verified and used
+    # the cheap drafts' verdicts were recorded (live calibration) under the regime they were drafted in
+    assert set(hybrid.suffix.calibration.tables) == ({"empirical"} if empirical_q else {"sampled"})
     rng = np.random.default_rng(0)
     for pos in (1, 2, 3):
         prefixes = [prompt + r.output_ids[:pos] for r in reqs]
@@ -273,8 +277,8 @@ def test_native_walks_read_the_same_calibration_cells_as_python():
     cal = SourceCalibration()
     for _ in range(20_000):  # a distinct rate in many cells
         f, n, m, k = float(rng.random()), int(rng.integers(1, 80)), int(rng.integers(1, 12)), int(rng.integers(1, 8))
-        cal.record("corpus", 0.0, [f] * k, [n] * k, [m] * k, k, k - 1 if rng.random() < f else 0)
-    cal.record("request", 0.0, [0.5], [1], [1], 1, 1)
+        cal.record("corpus", "greedy", [f] * k, [n] * k, [m] * k, k, k - 1 if rng.random() < f else 0)
+    cal.record("request", "greedy", [0.5], [1], [1], 1, 1)
     docs = random_docs(6, num_docs=2000, vocab=6)
     index = SuffixIndex.build(docs)
     drafter = SuffixDrafter(index, cal, SuffixConfig(walk=WalkParams(min_path_prob=0.0)))
@@ -284,7 +288,7 @@ def test_native_walks_read_the_same_calibration_cells_as_python():
         if p is None:
             continue
         w = p.walk
-        expected = cal.conditional(p.source, 0.0, w.freq, w.count, w.match)
+        expected = cal.conditional(p.source, "greedy", w.freq, w.count, w.match)
         assert w.conf == pytest.approx(expected, rel=1e-6)
         checked += len(w.conf)
     assert checked > 100

@@ -50,8 +50,11 @@ def build_cmd(path: Path = SUFFIX_DIR, fresh: bool = typer.Option(False, help="I
     index = SuffixIndex.cached(docs, root=root)  # the persisted copy, as a replica's start-up loads it
     t_load = time.perf_counter() - t1
     propose_ms = _propose_cost(path, index, num_requests) if num_requests else None
+    # at T > 0 the drafts are drawn from q and carry it (SparseQ)
+    propose_ms_t1 = _propose_cost(path, index, num_requests, temperature=1.0) if num_requests else None
     typer.echo(json.dumps({"num_tokens": index.num_tokens, "num_documents": len(docs),
-                           "propose_ms_per_round": propose_ms, "num_requests": num_requests,
+                           "propose_ms_per_round": propose_ms, "propose_ms_per_round_t1": propose_ms_t1,
+                           "num_requests": num_requests,
                            "index_mb": round(index.nbytes / 2**20, 1),
                            "mb_per_10m_tokens": round(index.nbytes / 2**20 / max(1, index.num_tokens) * 1e7, 1),
                            "read_s": round(t_read, 2), "build_or_load_s": round(t_index, 2),
@@ -59,9 +62,11 @@ def build_cmd(path: Path = SUFFIX_DIR, fresh: bool = typer.Option(False, help="I
                            "peak_rss_mb": round(max(rss0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024)}))
 
 
-def _propose_cost(path: Path, index: object, num_requests: int, num_rounds: int = 200) -> dict:
+def _propose_cost(path: Path, index: object, num_requests: int, num_rounds: int = 200,
+                  temperature: float = 0.0) -> dict:
     """Median and p90 ms of one `propose` round over `num_requests` requests whose contexts are eval prompts
-    followed by a continuation taken from the index's own text (so the walks find matches, as in serving)."""
+    followed by a continuation taken from the index's own text (so the walks find matches, as in serving);
+    at `temperature` > 0 the drafts are drawn from q and the round includes building their q rows."""
     import statistics
 
     import numpy as np
@@ -81,7 +86,7 @@ def _propose_cost(path: Path, index: object, num_requests: int, num_rounds: int 
     reqs, cursors = [], []
     for i, (_, ids) in enumerate(mixed_prompts(tok, num_requests)):
         start = int(rng.integers(0, len(text) - 128 - num_rounds))
-        reqs.append(DraftRequest(f"r{i}", ids + [int(t) for t in text[start:start + 128] if t >= 0], 0.0))
+        reqs.append(DraftRequest(f"r{i}", ids + [int(t) for t in text[start:start + 128] if t >= 0], temperature))
         cursors.append(start + 128)
     times = []
     for _ in range(num_rounds):
@@ -107,6 +112,8 @@ def calibrate_cmd(
     target: str = typer.Option("smollm2-135m-instruct"),
     num_threads: int | None = typer.Option(None),
     write: bool = typer.Option(True, help="Write calibration.json into the folder."),
+    empirical_q: bool = typer.Option(True, help="T > 0: drafts drawn from q (the 'empirical' regime), else the "
+                                                "deterministic walk verified as a point mass ('sampled')."),
 ) -> None:
     """Fit each source's survival on held-out self-distilled prompts; print held-out ECE per source (JSON)."""
     _setup(num_threads)
@@ -119,7 +126,8 @@ def calibrate_cmd(
     from dspark.training.suffix_calibrate import RoundLog, collect, heldout_ece
     from dspark.verify_service.engine import Engine
 
-    drafter = SuffixDrafter.from_pretrained(path, heldout_fraction=heldout_fraction, explore=True)
+    drafter = SuffixDrafter.from_pretrained(path, heldout_fraction=heldout_fraction, explore=True,
+                                            empirical_q=empirical_q)
     drafter.calibration = SourceCalibration()  # fitted from scratch
     engine = Engine(EngineConfig(target=target, drafter="custom", scheduler="fixed", scheduler_kwargs={"k": gamma},
                                  num_draft_tokens=gamma, max_num_seqs=batch_size, max_model_len=2048),

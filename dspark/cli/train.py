@@ -132,7 +132,10 @@ def eval_cmd(
                                 "ece_before": cal.get("ece_before_mean"), "ece_after": cal.get("ece_after_mean"),
                                 "auc": cal.get("auc_after", cal.get("auc_before")), "sources": run.get("sources"),
                                 "ece_by_source": {s: c.get("ece_before_mean") for s, c in
-                                                  run.get("calibration_by_source", {}).items()} or None}
+                                                  run.get("calibration_by_source", {}).items()} or None,
+                                # a perfectly calibrated survival's ECE on the same rounds (sampling noise)
+                                "ece_noise_floor_by_source": {s: c.get("ece_before_noise_floor_mean") for s, c in
+                                                              run.get("calibration_by_source", {}).items()} or None}
     emit(summary, out_dir / f"eval_{name}.json")
 
 

@@ -238,3 +238,211 @@ void propose_batch(int64_t R, const int64_t *seq_ptrs, const int64_t *seq_lens,
         out_chosen[r] = best;
     }
 }
+
+/* ---- Sampled walks (T > 0): draft from the empirical continuation distribution q -------------------------
+ * At each step the continuation counts of the current context (its run of `sa`, exact up to num_samples
+ * entries, else a strided sample of num_samples of them; or the request's occurrences) are cut to their
+ * max_q most frequent tokens (ties: the smaller token) and renormalised: that is q_k, reported in full
+ * (out_q_tokens / out_q_probs, max_q slots per step, unused ones -1 / 0) so verification can accept with
+ * min(1, p/q) and resample max(0, p - q). x_k is drawn from q_k with the caller's uniform u_k.
+ * Lossless use: whether step k is emitted, and its survival, are read from q_k's shape (its largest
+ * probability, the support, the context length, k) before x_k is drawn, never from x_k itself. */
+
+typedef struct { int32_t token; int64_t count; } Group;
+
+/* keep the max_q largest groups of g[0..n) (sorted by token on entry) in g[0..), by count descending, ties
+ * the smaller token; returns how many were kept and their total count */
+static int64_t top_groups(Group *g, int64_t n, int64_t max_q, int64_t *total) {
+    int64_t kept = n < max_q ? n : max_q;
+    for (int64_t i = 0; i < kept; i++) { /* selection: max_q is small */
+        int64_t best = i;
+        for (int64_t j = i + 1; j < n; j++)
+            if (g[j].count > g[best].count || (g[j].count == g[best].count && g[j].token < g[best].token)) best = j;
+        Group t = g[i]; g[i] = g[best]; g[best] = t;
+    }
+    *total = 0;
+    for (int64_t i = 0; i < kept; i++) *total += g[i].count;
+    return kept;
+}
+
+/* the draw: the first group whose cumulative share exceeds u (u in [0, 1)) */
+static int64_t draw_group(const Group *g, int64_t kept, int64_t total, float u) {
+    double target = (double)u * (double)total, acc = 0.0;
+    for (int64_t i = 0; i < kept; i++) {
+        acc += (double)g[i].count;
+        if (target < acc) return i;
+    }
+    return kept - 1;
+}
+
+static void write_q(const Group *g, int64_t kept, int64_t total, int64_t max_q, int32_t *q_tok, float *q_p) {
+    for (int64_t i = 0; i < max_q; i++) {
+        q_tok[i] = i < kept ? g[i].token : -1;
+        q_p[i] = i < kept ? (float)((double)g[i].count / (double)total) : 0.0f;
+    }
+}
+
+#define MAX_Q 64 /* groups a step can hold: num_samples and max_q are capped to it */
+
+/* The sampled walk over a global index (see suffix_walk for the match and the outputs; out_freq[k] is q_k's
+ * largest probability). uniforms[0..max_tokens): the draws. */
+int64_t suffix_sample_walk(const int32_t *text, int64_t n_text, const int32_t *sa, int64_t n_sa,
+                           const int32_t *ctx, int64_t n_ctx, int64_t min_ctx, int64_t max_ctx, int64_t depth,
+                           int64_t max_tokens, float min_path_prob, int64_t num_samples, int64_t max_q,
+                           const float *uniforms, int32_t *out_tokens, float *out_freq, int32_t *out_count,
+                           int32_t *out_match, const float *table, float *out_conf, int32_t *out_q_tokens,
+                           float *out_q_probs) {
+    if (n_sa == 0 || n_ctx <= 0) return 0;
+    if (num_samples > MAX_Q) num_samples = MAX_Q;
+    if (max_q > MAX_Q) max_q = MAX_Q;
+    int32_t pat[256];
+    Group g[MAX_Q];
+    int64_t lo = 0, hi = 0, m = 0;
+    if (max_ctx > n_ctx) max_ctx = n_ctx;
+    if (max_ctx > 128) max_ctx = 128;
+    for (int64_t len = max_ctx; len >= min_ctx && len >= 1; len--) { /* the same match as suffix_walk */
+        int contains_sep = 0;
+        for (int64_t i = 0; i < len; i++) contains_sep |= ctx[n_ctx - len + i] < 0;
+        if (contains_sep) continue;
+        int64_t a, b;
+        run_of(text, n_text, sa, 0, n_sa, ctx + n_ctx - len, len, &a, &b);
+        if (b > a && token_at(text, n_text, (int64_t)sa[b - 1] + len) >= 0) {
+            for (int64_t i = 0; i < len; i++) pat[i] = ctx[n_ctx - len + i];
+            lo = a; hi = b; m = len;
+            break;
+        }
+    }
+    if (m == 0) return 0;
+    int64_t k = 0;
+    float path = 1.0f;
+    while (k < max_tokens && m < depth && m < 255) {
+        int64_t run = hi - lo, n = 0;
+        int64_t step = run <= num_samples ? run : num_samples;
+        for (int64_t s = 0; s < step; s++) { /* exact entries, or strided samples (sorted: groups stay together) */
+            int64_t i = run <= num_samples ? lo + s : lo + (run * s + run / 2) / num_samples;
+            int32_t t = token_at(text, n_text, (int64_t)sa[i] + m);
+            if (t < 0) continue; /* a document ends here: not a continuation */
+            if (n > 0 && g[n - 1].token == t) g[n - 1].count++;
+            else { g[n].token = t; g[n].count = 1; n++; }
+        }
+        if (n == 0) break;
+        int64_t total;
+        int64_t kept = top_groups(g, n, max_q, &total);
+        float qmax = (float)((double)g[0].count / (double)total);
+        path *= qmax;
+        if (path < min_path_prob) break; /* decided from q's shape, before the draw */
+        int64_t c = draw_group(g, kept, total, uniforms[k]);
+        pat[m] = g[c].token;
+        int64_t a, b;
+        run_of(text, n_text, sa, lo, hi, pat, m + 1, &a, &b);
+        out_tokens[k] = g[c].token;
+        out_freq[k] = qmax;
+        out_count[k] = (int32_t)(run > 2147483647 ? 2147483647 : run);
+        out_match[k] = (int32_t)m;
+        out_conf[k] = survival_of(table, qmax, out_count[k], m, k);
+        write_q(g, kept, total, max_q, out_q_tokens + k * max_q, out_q_probs + k * max_q);
+        k++;
+        lo = a; hi = b; m++;
+        if (b <= a) break;
+    }
+    return k;
+}
+
+/* The sampled walk over one request's own text (the occurrences of request_walk; all of them counted, up
+ * to max_occurrences, the most recent). */
+int64_t request_sample_walk(const int32_t *seq, int64_t n, int64_t min_ctx, int64_t max_ctx, int64_t max_tokens,
+                            float min_path_prob, int64_t max_occurrences, int64_t *work, int64_t max_q,
+                            const float *uniforms, int32_t *out_tokens, float *out_freq, int32_t *out_count,
+                            int32_t *out_match, const float *table, float *out_conf, int32_t *out_q_tokens,
+                            float *out_q_probs) {
+    if (n < 2) return 0;
+    if (max_q > MAX_Q) max_q = MAX_Q;
+    int64_t num = 0, m = 0;
+    if (max_ctx > n - 1) max_ctx = n - 1;
+    for (int64_t len = max_ctx; len >= min_ctx && len >= 1; len--) { /* the same match as request_walk */
+        const int32_t *suf = seq + n - len;
+        num = 0;
+        for (int64_t s = n - len - 1; s >= 0; s--) {
+            int64_t i = 0;
+            while (i < len && seq[s + i] == suf[i]) i++;
+            if (i == len) work[num++] = s + len;
+            if (num == max_occurrences) break;
+        }
+        if (num > 0) { m = len; break; }
+    }
+    if (num == 0) return 0;
+    Group g[MAX_Q];
+    int64_t k = 0;
+    float path = 1.0f;
+    while (k < max_tokens && num > 0) {
+        /* distinct next tokens with their counts, sorted by token (insertion: at most MAX_Q of them kept, the
+         * ones past it are the rarest of a very spread context and only lower q's resolution) */
+        int64_t n_g = 0, live = 0;
+        for (int64_t a = 0; a < num; a++) {
+            if (work[a] >= n) continue;
+            live++;
+            int32_t t = seq[work[a]];
+            int64_t i = 0;
+            while (i < n_g && g[i].token < t) i++;
+            if (i < n_g && g[i].token == t) { g[i].count++; continue; }
+            if (n_g == MAX_Q) continue;
+            for (int64_t j = n_g; j > i; j--) g[j] = g[j - 1];
+            g[i].token = t; g[i].count = 1; n_g++;
+        }
+        if (n_g == 0) break;
+        int64_t total;
+        int64_t kept = top_groups(g, n_g, max_q, &total);
+        float qmax = (float)((double)g[0].count / (double)total);
+        path *= qmax;
+        if (path < min_path_prob) break;
+        int64_t c = draw_group(g, kept, total, uniforms[k]);
+        int32_t best = g[c].token;
+        out_tokens[k] = best;
+        out_freq[k] = qmax;
+        out_count[k] = (int32_t)live;
+        out_match[k] = (int32_t)m;
+        out_conf[k] = survival_of(table, qmax, live, m, k);
+        write_q(g, kept, total, max_q, out_q_tokens + k * max_q, out_q_probs + k * max_q);
+        k++;
+        int64_t kept_occ = 0;
+        for (int64_t a = 0; a < num; a++)
+            if (work[a] < n && seq[work[a]] == best) work[kept_occ++] = work[a] + 1;
+        num = kept_occ;
+        m++;
+    }
+    return k;
+}
+
+/* Sampled walks for R requests, each from the source chosen for it (sources[r]: 0 request, 1 corpus, 2
+ * served, -1 none), with table tables[r] and draws uniforms[r * max_tokens ..]. Outputs per r: out_k[r], and
+ * per (r, j < max_tokens) the walk's fields, per (r, j, i < max_q) q. */
+void sample_batch(int64_t R, const int64_t *seq_ptrs, const int64_t *seq_lens,
+                  const int32_t *text, int64_t n_text, const int32_t *sa, int64_t n_sa, const int64_t *served,
+                  int64_t depth, int64_t min_ctx, int64_t max_ctx, int64_t req_min_ctx, int64_t req_max_ctx,
+                  int64_t max_tokens, float min_path_prob, int64_t num_samples, int64_t max_occurrences,
+                  int64_t *work, int64_t max_q, const int64_t *sources, const int64_t *tables, const float *uniforms,
+                  int32_t *out_tokens, float *out_freq, int32_t *out_count, int32_t *out_match, float *out_conf,
+                  int64_t *out_k, int32_t *out_q_tokens, float *out_q_probs) {
+    for (int64_t r = 0; r < R; r++) {
+        const int32_t *seq = (const int32_t *)seq_ptrs[r];
+        int64_t n = seq_lens[r];
+        int64_t c = n < max_ctx ? n : max_ctx;
+        int64_t o = r * max_tokens, oq = r * max_tokens * max_q, k = 0;
+        const float *table = (const float *)tables[r];
+        const float *u = uniforms + o;
+        if (sources[r] == 0)
+            k = request_sample_walk(seq, n, req_min_ctx, req_max_ctx, max_tokens, min_path_prob, max_occurrences,
+                                    work, max_q, u, out_tokens + o, out_freq + o, out_count + o, out_match + o, table,
+                                    out_conf + o, out_q_tokens + oq, out_q_probs + oq);
+        else if (sources[r] == 1 && n_sa > 0)
+            k = suffix_sample_walk(text, n_text, sa, n_sa, seq + n - c, c, min_ctx, max_ctx, depth, max_tokens,
+                                   min_path_prob, num_samples, max_q, u, out_tokens + o, out_freq + o, out_count + o,
+                                   out_match + o, table, out_conf + o, out_q_tokens + oq, out_q_probs + oq);
+        else if (sources[r] == 2 && served[4 * r + 3] > 0)
+            k = suffix_sample_walk((const int32_t *)served[4 * r], served[4 * r + 1], (const int32_t *)served[4 * r + 2],
+                                   served[4 * r + 3], seq + n - c, c, min_ctx, max_ctx, depth, max_tokens,
+                                   min_path_prob, num_samples, max_q, u, out_tokens + o, out_freq + o, out_count + o,
+                                   out_match + o, table, out_conf + o, out_q_tokens + oq, out_q_probs + oq);
+        out_k[r] = k;
+    }
+}

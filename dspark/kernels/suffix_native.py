@@ -53,6 +53,9 @@ def library() -> ctypes.CDLL | None:
     lib.propose_batch.argtypes = ([i64, ptr, ptr, ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, i64, i64, f32, i64, i64,
                                    ptr, i64, i64, i64, ptr] + [ptr] * 8)
     lib.propose_batch.restype = None
+    lib.sample_batch.argtypes = ([i64, ptr, ptr, ptr, i64, ptr, i64, ptr, i64, i64, i64, i64, i64, i64, f32, i64, i64,
+                                  ptr, i64, ptr, ptr, ptr] + [ptr] * 8)
+    lib.sample_batch.restype = None
     return lib
 
 

@@ -4,14 +4,17 @@ A walk tells, per proposed token k, what the source knows: its conditional frequ
 context, that context's support n_k (occurrences), the context's length m_k and the position k. The
 probability that the token survives verification given that tokens 1..k-1 did, c_k, is read from a
 table of binned acceptance counts fitted on held-out data (the same role STS plays for DSpark's
-confidence head): per source and regime (T = 0 greedy, T > 0 sampled), bins over (f, n, m, k) with
+confidence head): per source and regime (T = 0 "greedy"; T > 0 "sampled": a deterministic draft verified as a
+point mass; T > 0 "empirical": a draft drawn from the source's continuation distribution q, f_k then being
+q_k's largest probability), bins over (f, n, m, k) with
 back-off to coarser bins where a cell is thin (each level shrinks toward its parent by `prior_weight`
 pseudo-trials). Binning is a histogram calibrator: within each cell the estimate IS the observed rate,
 which is what drives the ECE of the survival products a_k = Π c_i down.
 
 Lossless use: c_k depends on the context and on a deterministic draft (the walk has no randomness), so
 a scheduler or source choice fed by it never lets a sampled token decide its own verification (the
-paper's Appendix A concerns sampled drafts).
+paper's Appendix A concerns sampled drafts). For an "empirical" draft c_k is read from q_k's shape, which
+depends on x_1..x_{k-1} but not on x_k: the Markov case Algorithm 1's prefix order is safe for.
 """
 
 from __future__ import annotations
@@ -24,12 +27,18 @@ from pathlib import Path
 SOURCES = ("request", "corpus", "served")
 # a source without tables of its own starts from another's (the deployment's served text reads like the corpus)
 PRIOR_SOURCE = {"served": "corpus"}
-REGIMES = ("greedy", "sampled")
+REGIMES = ("greedy", "sampled", "empirical")
+# a regime without data of its own reads another's: drafts drawn from q survive at least about as often as
+# the deterministic draft of the same q's mode does, so the point-mass tables are a conservative start
+PRIOR_REGIME = {"empirical": "sampled"}
 _NUM_F, _NUM_N, _NUM_M, _NUM_K = 10, 7, 6, 4
 
 
-def regime_of(temperature: float) -> str:
-    return "greedy" if temperature <= 0 else "sampled"
+def regime_of(temperature: float, empirical: bool = False) -> str:
+    """The regime of a proposal at `temperature`; `empirical`: drawn from q (only meaningful at T > 0)."""
+    if temperature <= 0:
+        return "greedy"
+    return "empirical" if empirical else "sampled"
 
 
 def feature_bins(freq: float, count: int, match: int, position: int) -> tuple[int, int, int, int]:
@@ -93,35 +102,41 @@ class SourceCalibration:
     def table(self, source: str, regime: str) -> SourceTable | None:
         return self.tables.get(regime, {}).get(source)
 
-    def cells(self, source: str, temperature: float) -> list[float] | None:
+    def _resolved(self, source: str, regime: str) -> SourceTable | None:
+        """The table that speaks for (source, regime): its own, else its prior source's, else the same two in
+        the prior regime; None where none has data."""
+        for reg in (regime, PRIOR_REGIME.get(regime)):
+            for src in (source, PRIOR_SOURCE.get(source)):
+                table = self.table(src, reg) if src and reg else None
+                if table is not None and table.num_trials > 0:
+                    return table
+        return None
+
+    def cells(self, source: str, regime: str) -> list[float] | None:
         """The table's estimates in (f, n, m, k) row-major order (the layout the native walk reads), or None
-        where the source has no data in this regime (its PRIOR_SOURCE's, if that has)."""
-        table = self.table(source, regime_of(temperature))
-        if (table is None or table.num_trials == 0) and source in PRIOR_SOURCE:
-            table = self.table(PRIOR_SOURCE[source], regime_of(temperature))
-        if table is None or table.num_trials == 0:
+        where neither the source nor its priors have data in this regime (see `_resolved`)."""
+        table = self._resolved(source, regime)
+        if table is None:
             return None
         if table._table is None:
             table.freeze()
         return table._table
 
-    def conditional(self, source: str, temperature: float, freq: list[float], count: list[int],
+    def conditional(self, source: str, regime: str, freq: list[float], count: list[int],
                     match: list[int]) -> list[float]:
-        table = self.table(source, regime_of(temperature))
-        if (table is None or table.num_trials == 0) and source in PRIOR_SOURCE:
-            table = self.table(PRIOR_SOURCE[source], regime_of(temperature))
-        if table is None or table.num_trials == 0:
+        table = self._resolved(source, regime)
+        if table is None:
             return [min(0.99, max(0.01, f)) for f in freq]
         return [table.lookup(feature_bins(f, n, m, k + 1)) for k, (f, n, m) in enumerate(zip(freq, count, match))]
 
-    def record(self, source: str, temperature: float, freq: list[float], count: list[int], match: list[int],
+    def record(self, source: str, regime: str, freq: list[float], count: list[int], match: list[int],
                num_verified: int, num_accepted: int) -> None:
         """One verified proposal: position k (0-based) is a trial when it was verified and 0..k-1 were accepted;
-        a success when it was accepted too."""
-        regime = regime_of(temperature)
+        a success when it was accepted too. A table new to (source, regime) starts from the counts of what
+        spoke for it until now (`_resolved`), then learns its own."""
         by_source = self.tables.setdefault(regime, {})
-        if source not in by_source:  # starts from its prior source's counts, then learns its own
-            prior = by_source.get(PRIOR_SOURCE.get(source, ""))
+        if source not in by_source:
+            prior = self._resolved(source, regime)
             by_source[source] = SourceTable({k: list(v) for k, v in prior.counts.items()} if prior else {},
                                             prior.prior_weight if prior else 4.0)
         table = by_source[source]

@@ -17,7 +17,7 @@ from dspark.config.engine import EngineConfig
 from dspark.models.drafters.base import Drafter
 from dspark.models.target.loader import TargetModel
 from dspark.prompts.eval_sets import DOMAINS, chat_prompt_ids, load_turns
-from dspark.spec.calibration import apply_temperatures, auc, brier, ece
+from dspark.spec.calibration import apply_temperatures, auc, brier, ece, ece_noise_floor
 from dspark.verify_service.engine import Engine
 from dspark.verify_service.request import SamplingParams
 
@@ -104,6 +104,8 @@ def calibration_report(rounds: Rounds, gamma: int, temperatures: list[float] | N
         a = torch.cumprod(apply_temperatures(logits, temps), dim=1)  # prefix survival a_k
         out[f"ece_{tag}"] = [ece(a[valid[:, k], k], survived[valid[:, k], k]) for k in range(gamma)]
         out[f"ece_{tag}_mean"] = sum(out[f"ece_{tag}"]) / gamma
+        # what a perfectly calibrated a_k would show on these rounds (calibration.ece_noise_floor)
+        out[f"ece_{tag}_noise_floor_mean"] = sum(ece_noise_floor(a[valid[:, k], k]) for k in range(gamma)) / gamma
         out[f"auc_{tag}"] = auc(a[valid], survived[valid])
         out[f"brier_{tag}"] = brier(a[valid], survived[valid])
     return out

@@ -16,15 +16,15 @@ import torch
 from tqdm import tqdm
 
 from dspark.models.drafters.suffix.drafter import SuffixDrafter
-from dspark.spec.calibration import ece
-from dspark.spec.source_calibration import SOURCES, SourceCalibration, regime_of
+from dspark.spec.calibration import ece, ece_noise_floor
+from dspark.spec.source_calibration import REGIMES, SOURCES, SourceCalibration
 from dspark.verify_service.engine import Engine
 from dspark.verify_service.request import SamplingParams
 
 
 @dataclass
 class RoundLog:
-    """Verified proposals: (source, temperature, freq, count, match, num_verified, num_accepted)."""
+    """Verified proposals: (source, regime, freq, count, match, num_verified, num_accepted)."""
 
     rows: list[tuple] = field(default_factory=list)
 
@@ -44,9 +44,9 @@ def collect(engine: Engine, drafter: SuffixDrafter, prompts: list[list[int]], te
                 continue
             w = p.walk
             if half.get(rid, 0) == 0:
-                fit.record(p.source, temperature, w.freq, w.count, w.match, n_ver, n_acc)
+                fit.record(p.source, p.regime, w.freq, w.count, w.match, n_ver, n_acc)
             else:
-                held.rows.append((p.source, temperature, w.freq, w.count, w.match, n_ver, n_acc))
+                held.rows.append((p.source, p.regime, w.freq, w.count, w.match, n_ver, n_acc))
         original(request_ids, num_verified, num_accepted)
 
     drafter.feedback = record  # type: ignore[method-assign]
@@ -71,24 +71,27 @@ def heldout_ece(calibration: SourceCalibration, held: RoundLog, gamma: int) -> d
     """Per regime and source: mean over positions of the ECE of survival a_k = Π c_i against survival,
     on rounds the tables were not fitted on; also the number of rounds."""
     out: dict = {}
-    for regime in ("greedy", "sampled"):
+    for regime in REGIMES:
         for source in SOURCES:
-            rows = [r for r in held.rows if r[0] == source and regime_of(r[1]) == regime]
+            rows = [r for r in held.rows if r[0] == source and r[1] == regime]
             if not rows:
                 continue
             pred = torch.zeros(len(rows), gamma)
             label = torch.zeros(len(rows), gamma)
             valid = torch.zeros(len(rows), gamma, dtype=torch.bool)
-            for i, (src, temp, freq, count, match, n_ver, n_acc) in enumerate(rows):
-                cond = calibration.conditional(src, temp, freq, count, match)
+            for i, (src, reg, freq, count, match, n_ver, n_acc) in enumerate(rows):
+                cond = calibration.conditional(src, reg, freq, count, match)
                 a = torch.cumprod(torch.tensor(cond[:gamma]), 0)
                 pred[i, :len(a)] = a
                 valid[i, :min(n_ver, len(a))] = True
                 label[i, :n_acc] = 1.0
-            per_pos = [ece(pred[valid[:, k], k], label[valid[:, k], k]) for k in range(gamma)
-                       if bool(valid[:, k].any())]
+            positions = [k for k in range(gamma) if bool(valid[:, k].any())]
+            per_pos = [ece(pred[valid[:, k], k], label[valid[:, k], k]) for k in positions]
+            floor = [ece_noise_floor(pred[valid[:, k], k]) for k in positions]
             pooled = ece(pred[valid], label[valid])
             out.setdefault(regime, {})[source] = {
                 "num_rounds": len(rows), "ece_mean_over_positions": sum(per_pos) / max(1, len(per_pos)),
-                "ece_per_position": per_pos, "ece_pooled": pooled}
+                "ece_per_position": per_pos, "ece_pooled": pooled,
+                # the same mean for a perfectly calibrated survival on these rounds (sampling noise alone)
+                "ece_noise_floor_mean_over_positions": sum(floor) / max(1, len(floor))}
     return out

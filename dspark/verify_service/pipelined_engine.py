@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from dspark.config.engine import EngineConfig
-from dspark.models.drafters.base import Drafter, DraftOutput, DraftRequest
+from dspark.models.drafters.base import Drafter, DraftOutput, DraftRequest, SparseQ
 from dspark.models.target.loader import TargetModel
 from dspark.verify_service.engine import Engine
 from dspark.verify_service.request import Request, RequestOutput
@@ -120,7 +120,7 @@ class PipelinedEngine(Engine):
         rows = [index.get(r.request_id) for r in active]
         probs = None
         if out.probs is not None and out.probs:
-            none = out.probs[0].new_zeros((0, out.probs[0].shape[-1]))  # (0, V): a request without a draft
+            none = SparseQ.point_masses([])  # a request without a draft
             probs = [out.probs[i] if i is not None else none for i in rows]
         return DraftOutput(
             tokens=[out.tokens[i] if i is not None else [] for i in rows],

@@ -39,3 +39,16 @@ def test_sts_recovers_the_temperatures_that_generated_the_data():
     for k in range(gamma):
         assert ece(after[:, k], survived[:, k]) < 0.02
     assert ece(after, survived) < ece(before, survived)
+
+
+def test_ece_noise_floor_is_what_a_calibrated_predictor_shows_and_shrinks_with_samples():
+    from dspark.spec.calibration import ece, ece_noise_floor
+
+    gen = torch.Generator().manual_seed(5)
+    pred = torch.rand(2000, generator=gen) * 0.8 + 0.1
+    floor = ece_noise_floor(pred)
+    calibrated = ece(pred, (torch.rand(2000, generator=gen) < pred).float())
+    off_by_8 = ece(pred, (torch.rand(2000, generator=gen) < (pred - 0.08).clamp(0, 1)).float())
+    assert 0.015 < floor < 0.045  # ~0.8·sqrt(p(1-p)/n_b) in each of 16 populated bins of ~125
+    assert abs(calibrated - floor) < 0.015 and off_by_8 > floor + 0.03
+    assert ece_noise_floor(pred.repeat(16)) < floor / 2.5  # 16× the samples: about a quarter of the floor

@@ -23,12 +23,37 @@ class DraftRequest:
 
 
 @dataclass
+class SparseQ:
+    """The q rows of a draft whose distributions have few atoms (a point mass, a source's empirical continuation
+    distribution): per position the atoms' token ids and probabilities, -1 / 0 in unused slots. Verification
+    writes them into its (T, V) rows for the positions it verifies only; a dense (k, V) row per request would
+    cost more than the whole proposal (49,152 floats per position)."""
+
+    tokens: torch.Tensor  # (k, m) long
+    probs: torch.Tensor  # (k, m) float32
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @staticmethod
+    def point_masses(tokens: list[int]) -> SparseQ:
+        return SparseQ(torch.tensor(tokens, dtype=torch.long).reshape(-1, 1), torch.ones(len(tokens), 1))
+
+    def write(self, out: torch.Tensor) -> None:
+        """Add the first len(out) positions into `out` (n, V), zero where it is written."""
+        n = out.shape[0]
+        idx = self.tokens[:n].to(out.device)
+        val = self.probs[:n].to(device=out.device, dtype=out.dtype)
+        out.scatter_add_(1, idx.clamp_min(0), torch.where(idx >= 0, val, torch.zeros_like(val)))  # unused: + 0
+
+
+@dataclass
 class DraftOutput:
     """One draft round for a batch of requests (index r matches the DraftRequest list)."""
 
     tokens: list[list[int]]  # k_r ≤ max_num_tokens draft tokens per request
-    # per request (k_r, V): the distributions sampled from; None = deterministic drafts
-    probs: list[torch.Tensor] | None = None
+    # per request the distributions sampled from, (k_r, V) or `SparseQ`; None = deterministic drafts
+    probs: list[torch.Tensor | SparseQ] | None = None
     confidences: list[list[float]] | None = None  # per request c_{r,1..k_r}: P(accept k | 1..k-1 accepted)
     # drafters with several sources (suffix, hybrid): which one drafted each request ("" = none), and how
     # many proposals each source made this round (chosen or not); for per-source metrics

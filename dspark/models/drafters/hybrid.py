@@ -18,12 +18,13 @@ Per request and step:
 3. each request's chosen draft and its survival curve go to the prefix scheduler, which sets ℓ_r.
 
 Why this is lossless: the choice of source for a request depends only on its context (the cheap drafts
-and their calibrated survival are deterministic functions of its tokens) and on statistics of earlier,
-already verified rounds. It is made before DSpark samples anything, so no sampled draft token can decide
-whether it is itself verified (the failure mode of the paper's Appendix A). Whatever source is chosen,
-verification accepts its tokens by min(1, p/q) (q a point mass for the deterministic sources, DSpark's
-own distribution for its samples) and resamples the residual, so every source's output is the target's
-distribution; a mixture of sources chosen independently of the draft's randomness is too.
+and their calibrated survival are deterministic functions of its tokens; at T > 0 the chosen cheap source
+then draws its draft from its q, after the choice) and on statistics of earlier, already verified rounds.
+It is made before DSpark samples anything, so no sampled draft token can decide whether it is itself
+verified (the failure mode of the paper's Appendix A). Whatever source is chosen, verification accepts its
+tokens by min(1, p/q) (q a point mass for the deterministic drafts, DSpark's own distribution for its
+samples, the cheap source's q for its drawn drafts) and resamples the residual, so every source's output is
+the target's distribution; a mixture of sources chosen independently of the draft's randomness is too.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from dataclasses import asdict
 
 import torch
 
-from dspark.models.drafters.base import DEFAULT_CHECKPOINTS, DraftOutput, DraftRequest, FeatureDrafter
+from dspark.models.drafters.base import DEFAULT_CHECKPOINTS, DraftOutput, DraftRequest, FeatureDrafter, SparseQ
 from dspark.models.drafters.suffix.drafter import DEFAULT_SUFFIX_DIR, Proposal, SourceStats, SuffixDrafter
 from dspark.models.target.loader import TargetModel
 from dspark.spec.source_calibration import regime_of
@@ -125,6 +126,12 @@ class HybridDrafter:
                 probs = self._point_masses(tokens)
                 for j, i in enumerate(picked):
                     probs[i] = out.probs[j]
+        drawn = [i for i, (p, m) in enumerate(zip(cheap, use_model)) if p is not None and not m
+                 and p.walk.q_tokens is not None]
+        if drawn:  # cheap drafts drawn from their source's q (T > 0) carry it
+            probs = probs if probs is not None else self._point_masses(tokens)
+            for i in drawn:
+                probs[i] = self.suffix.q_rows(cheap[i])
         for i, (p, m) in enumerate(zip(cheap, use_model)):
             if p is not None and not m:
                 self.suffix.stats[p.source].num_chosen += 1
@@ -137,16 +144,10 @@ class HybridDrafter:
         return DraftOutput(tokens=tokens, probs=probs, confidences=confidences, sources=sources,
                            num_proposals=proposals)
 
-    def _point_masses(self, tokens: list[list[int]]) -> list[torch.Tensor]:
-        """One-hot q rows (k, V) for the deterministic drafts of a batch whose sampled drafts carry q."""
-        vocab = int(self.vocab_size or 0)
-        out = []
-        for t in tokens:
-            q = torch.zeros(len(t), vocab)
-            if t:
-                q[torch.arange(len(t)), torch.tensor(t)] = 1.0
-            out.append(q)
-        return out
+    @staticmethod
+    def _point_masses(tokens: list[list[int]]) -> list[torch.Tensor | SparseQ]:
+        """Point-mass q rows for the deterministic drafts of a batch whose sampled drafts carry q."""
+        return [SparseQ.point_masses(t) for t in tokens]
 
     def _choose_model(self, cheap: list[Proposal | None],
                       requests: list[DraftRequest]) -> tuple[list[bool], list[tuple[str, int]]]:

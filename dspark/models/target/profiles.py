@@ -37,7 +37,9 @@ SHIPPED_DIR = Path(__file__).resolve().parents[3] / "configs" / "profiles"
 # what a start-up measurement covers: seconds, not minutes, on two cores shared with other replicas
 STARTUP_GRID = (1, 2, 4, 8, 16, 32, 64)
 STARTUP_CONTEXT = 64
-STARTUP_REPEATS = 2
+STARTUP_REPEATS = 3  # odd: the median of each size drops one burst of noise
+STARTUP_MIN_TIME_S = 1.0  # more rounds while they fit: a tiny model's ~1 ms steps get a stable median
+STARTUP_MAX_REPEATS = 25
 
 
 def shipped_dir() -> Path:
@@ -129,7 +131,8 @@ def measure_startup_profile(target: TargetModel) -> SPSTable:
     know where verifying more tokens stops paying; `dspark profile` measures the full one."""
     t0 = time.perf_counter()
     table = profile_target(target, STARTUP_GRID, context_len=STARTUP_CONTEXT, num_repeats=STARTUP_REPEATS,
-                           num_warmup=1, show_progress=False)
+                           num_warmup=1, show_progress=False, min_time_s=STARTUP_MIN_TIME_S,
+                           max_repeats=STARTUP_MAX_REPEATS)
     table.meta.update(machine_identity(target.name, target.device, target.dtype))
     table.meta["measured_at_startup_s"] = round(time.perf_counter() - t0, 1)
     log.info("SPS profile measured in %.1f s", table.meta["measured_at_startup_s"])
@@ -171,10 +174,13 @@ def _sync(device: torch.device) -> None:
 
 def profile_target(target: TargetModel, grid: tuple[int, ...] = DEFAULT_GRID, context_len: int = 256,
                    tokens_per_request: int = 8, num_repeats: int = 5, num_warmup: int = 2,
-                   show_progress: bool = True, row_invariant: bool = True) -> SPSTable:
+                   show_progress: bool = True, row_invariant: bool = True, min_time_s: float = 0.0,
+                   max_repeats: int | None = None) -> SPSTable:
     """Median step time of verification-shaped batches: B tokens as ⌈B/8⌉ requests of ≤ 8 tokens,
     each over `context_len` cached tokens (the shape a verify step has). `row_invariant`: the verify
-    engine's kernels (the default; what the schedulers' profile describes), else the generation path's."""
+    engine's kernels (the default; what the schedulers' profile describes), else the generation path's.
+    After `num_repeats` rounds, further rounds while the timing has taken less than `min_time_s` (up to
+    `max_repeats`): fast steps get enough samples for their median to drop a burst of noise."""
     max_reqs = -(-max(grid) // tokens_per_request)
     runner = TargetRunner(target.model, max_reqs, context_len + tokens_per_request + 1, row_invariant=row_invariant)
     slots = [runner.cache.allocate() for _ in range(max_reqs)]
@@ -194,7 +200,11 @@ def profile_target(target: TargetModel, grid: tuple[int, ...] = DEFAULT_GRID, co
     # one sample of many sizes (the median drops it) instead of on every sample of one size
     samples: list[list[float]] = [[] for _ in grid]
     bar = tqdm(total=num_repeats * len(grid), desc="profile", unit="step", disable=not show_progress)
-    for _ in range(num_repeats):
+    max_repeats = max(num_repeats, max_repeats or num_repeats)
+    started = time.perf_counter()
+    for round_ in range(max_repeats):
+        if round_ >= num_repeats and time.perf_counter() - started >= min_time_s:
+            break
         for chunks, out in zip(batches, samples):
             _sync(runner.device)
             t0 = time.perf_counter()
@@ -206,7 +216,8 @@ def profile_target(target: TargetModel, grid: tuple[int, ...] = DEFAULT_GRID, co
     times_ms = [statistics.median(s) for s in samples]
     meta = {**machine_identity(target.name, target.device, target.dtype),
             "num_threads": torch.get_num_threads(), "context_len": context_len,
-            "tokens_per_request": tokens_per_request, "machine": platform.processor() or platform.machine(),
+            "tokens_per_request": tokens_per_request, "num_repeats": len(samples[0]),
+            "machine": platform.processor() or platform.machine(),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
     by_tokens = dict(zip(grid, times_ms))
     if 1 in by_tokens:  # the number that decides when speculation pays: T(1 + ℓ) / T(1) at batch 1

@@ -4,25 +4,30 @@ from __future__ import annotations
 
 import torch
 
+from dspark.models.drafters.base import SparseQ
 from dspark.spec.verification import VerifyInput
 from dspark.verify_service.request import Request
 
 
 def build_verify_input(target_logits: torch.Tensor, requests: list[Request], draft_tokens: list[list[int]],
-                       draft_probs: list[torch.Tensor] | None, lengths: list[int]) -> VerifyInput:
-    """Rows of request r: ℓ_r draft positions, then its bonus row (target_logits already in that order)."""
+                       draft_probs: list[torch.Tensor | SparseQ] | None, lengths: list[int]) -> VerifyInput:
+    """Rows of request r: ℓ_r draft positions, then its bonus row (target_logits already in that order). Draft
+    distributions, dense or `SparseQ`, are written for the verified positions only; bonus rows stay zero."""
     flat: list[int] = []
     for d, n in zip(draft_tokens, lengths):
         flat += d[:n] + [0]
     device = target_logits.device
     probs = None
     if draft_probs is not None:
-        vocab = target_logits.shape[-1]
-        rows = []
+        probs = torch.zeros(len(flat), target_logits.shape[-1], device=device)  # (T, V)
+        offset = 0
         for p, n in zip(draft_probs, lengths):
-            rows.append(p[:n].to(device=device, dtype=torch.float32))
-            rows.append(torch.zeros(1, vocab, device=device))  # bonus row: no draft
-        probs = torch.cat(rows)  # (T, V)
+            if n:
+                if isinstance(p, SparseQ):
+                    p.write(probs[offset:offset + n])
+                else:
+                    probs[offset:offset + n] = p[:n]
+            offset += n + 1  # the bonus row: no draft
     return VerifyInput(
         target_logits=target_logits,
         draft_tokens=torch.tensor(flat, dtype=torch.long, device=device),

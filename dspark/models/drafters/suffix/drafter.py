@@ -9,6 +9,16 @@ accepted tokens Σ_k Π_{i≤k} c_i. The drafts, the survival and so the choice 
 of the request's tokens: verifying them as point masses (accept x with p(x), else resample from the
 residual) is lossless at any temperature, and the prefix scheduler may read the confidences freely.
 
+At T > 0 (`empirical_q`, on by default) the chosen source then DRAWS its draft from its empirical
+continuation distribution q (a context's most frequent continuations, `WalkParams.max_q` of them) instead of
+walking the most frequent one, and the draft carries q, so verification accepts with min(1, p/q) and
+resamples max(0, p − q): where q is close to the target's p, a draft survives with Σ min(p, q) rather than
+p(mode). Lossless: the source is chosen from the deterministic walks (the context alone), before anything
+is drawn; each step's emission and survival c_k are read from q_k's shape (its largest probability, support,
+context length, position), which depends on the tokens drawn before k but not on x_k — the Markov case the
+prefix scheduler's order is safe for (schedulers.py); and min(1, p/q) with the residual is the standard
+lossless rule for a draft drawn from q. `tests/test_suffix_sampled.py` checks the output distribution.
+
 Config lives in a checkpoint-like folder (`checkpoints/suffix-smollm2/config.json`): which corpus
 folders to index, the walk parameters, and `calibration.json`.
 """
@@ -25,10 +35,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
-from dspark.models.drafters.base import DraftOutput, DraftRequest
+from dspark.models.drafters.base import DraftOutput, DraftRequest, SparseQ
 from dspark.models.drafters.suffix.corpus import corpus_paths, read_responses
-from dspark.models.drafters.suffix.index import BatchWalks, RequestText, SuffixIndex, Walk, WalkParams, propose_batch
+from dspark.models.drafters.suffix.index import (
+    BatchWalks,
+    RequestText,
+    SampledWalks,
+    SuffixIndex,
+    Walk,
+    WalkParams,
+    propose_batch,
+    sample_batch,
+)
 from dspark.models.drafters.suffix.served import ServedConfig, ServedText
 from dspark.spec.source_calibration import SOURCES, SourceCalibration, regime_of
 
@@ -46,6 +66,7 @@ class Proposal:
     walk: Walk
     conditional: list[float]
     temperature: float = 0.0
+    regime: str = "greedy"  # the calibration regime its survival was read from and its outcome feeds
 
     @property
     def expected_tokens(self) -> float:
@@ -71,6 +92,7 @@ class SuffixConfig:
     heldout_fraction: float = 0.0  # leave the calibration split out of the index (calibration runs)
     walk: WalkParams = field(default_factory=WalkParams)
     sources: tuple[str, ...] = SOURCES
+    empirical_q: bool = True  # T > 0: draw the draft from the source's continuation distribution q (see above)
     # live calibration: verified proposals add to the shipped counts, so survival follows the deployment's
     # own traffic (the tables depend on past rounds only: lossless); cells are re-read every N outcomes
     live_calibration: bool = True
@@ -108,6 +130,8 @@ class SuffixDrafter:
         self._texts: dict[str, RequestText] = {}
         self._tables: dict[tuple[str, str], np.ndarray | None] = {}
         self._batch: BatchWalks | None = None
+        self._sampled: SampledWalks | None = None
+        self._rngs: dict[str, np.random.Generator] = {}  # request id -> the draws of its sampled drafts
         self._num_live = 0  # outcomes recorded since the cells were last re-read
         self.served = ServedText(self.config.served) if "served" in self.config.sources and \
             self.config.served.is_enabled else None
@@ -141,11 +165,11 @@ class SuffixDrafter:
                      len(docs), index.nbytes / 2**20, time.perf_counter() - t0)
         return cls(index, calibration, config, explore)
 
-    def _cells(self, source: str, temperature: float) -> int:
+    def _cells(self, source: str, regime: str) -> int:
         """Address of the calibration cells of (source, regime) as float32 for the native walk (0: none)."""
-        key = (source, regime_of(temperature))
+        key = (source, regime)
         if key not in self._tables:
-            cells = self.calibration.cells(source, temperature)
+            cells = self.calibration.cells(source, regime)
             self._tables[key] = None if cells is None else np.asarray(cells, dtype=np.float32)
         table = self._tables[key]
         return table.ctypes.data if table is not None else 0
@@ -166,7 +190,10 @@ class SuffixDrafter:
             self._tenants[req.request_id] = tenant
             served.append(self.served.index_for(tenant) if self.served is not None else None)
         regimes = {r.temperature > 0 for r in requests}
-        tables = {t: tuple(self._cells(s, float(t)) for s in _SOURCE_NAMES) for t in regimes}
+        # at T > 0 the choice weighs each source by the survival of the draft it will draw: the deterministic
+        # walk's steps (q's mode, its support, ...) read in the regime of drafts drawn from q
+        drawn = self.config.empirical_q
+        tables = {t: tuple(self._cells(s, regime_of(float(t), drawn)) for s in _SOURCE_NAMES) for t in regimes}
         use = ("request" in self.config.sources, "corpus" in self.config.sources, self.served is not None)
         out = propose_batch(texts, self.index, served, self.config.walk, max_num_tokens,
                             [tables[r.temperature > 0] for r in requests], use, self._batch, self._work)
@@ -185,8 +212,46 @@ class SuffixDrafter:
                 chosen.append(None)
                 continue
             walk = out.walk(r, c)
-            chosen.append(Proposal(_SOURCE_NAMES[c], walk, walk.conf, req.temperature))
+            chosen.append(Proposal(_SOURCE_NAMES[c], walk, walk.conf, req.temperature, regime_of(req.temperature)))
+        if self.config.empirical_q:
+            self._draw(requests, chosen, texts, served, max_num_tokens)
         return chosen
+
+    def _draw(self, requests: list[DraftRequest], chosen: list[Proposal | None], texts: list[RequestText],
+              served: list[SuffixIndex | None], max_num_tokens: int) -> None:
+        """Replace the chosen proposal of every T > 0 request by a draft drawn from the same source's q (one
+        native call for the batch). The choice above was made from the deterministic walks: nothing drawn here
+        can change which source drafts or whether it drafts."""
+        rows = [r for r, (req, p) in enumerate(zip(requests, chosen)) if p is not None and req.temperature > 0]
+        if not rows:
+            return
+        sources = [_SOURCE_NAMES.index(chosen[r].source) for r in rows]  # type: ignore[union-attr]
+        tables = [self._cells(_SOURCE_NAMES[s], "empirical") for s in sources]
+        uniforms = np.stack([self._rng(requests[r].request_id).random(max_num_tokens, dtype=np.float32)
+                             for r in rows])
+        out = sample_batch([texts[r] for r in rows], self.index, [served[r] for r in rows], self.config.walk,
+                           max_num_tokens, sources, tables, uniforms, self._sampled, self._work)
+        self._sampled = out
+        for j, r in enumerate(rows):
+            walk = out.walk(j)
+            chosen[r] = Proposal(_SOURCE_NAMES[sources[j]], walk, walk.conf, requests[r].temperature, "empirical") \
+                if walk.tokens else None
+
+    def _rng(self, request_id: str) -> np.random.Generator:
+        rng = self._rngs.get(request_id)
+        if rng is None:
+            rng = self._rngs[request_id] = np.random.default_rng(zlib.crc32(request_id.encode()))
+        return rng
+
+    @staticmethod
+    def q_rows(proposal: Proposal | None) -> SparseQ:
+        """The draft distributions of a proposal: its q where it was drawn, else point masses."""
+        if proposal is None:
+            return SparseQ.point_masses([])
+        w = proposal.walk
+        if w.q_tokens is None or w.q_probs is None:
+            return SparseQ.point_masses(w.tokens)
+        return SparseQ(torch.from_numpy(w.q_tokens.astype(np.int64)), torch.from_numpy(w.q_probs))
 
     def propose(self, requests: list[DraftRequest], max_num_tokens: int) -> DraftOutput:
         t0 = time.perf_counter()
@@ -194,7 +259,8 @@ class SuffixDrafter:
         tokens: list[list[int]] = []
         confidences: list[list[float]] = []
         sources: list[str] = []
-        for req, best in zip(requests, self.choose_batch(requests, max_num_tokens)):
+        proposals = self.choose_batch(requests, max_num_tokens)
+        for req, best in zip(requests, proposals):
             self.last.pop(req.request_id, None)
             if best is None:
                 tokens.append([])
@@ -206,8 +272,11 @@ class SuffixDrafter:
             tokens.append(best.walk.tokens)
             confidences.append(best.conditional)
             sources.append(best.source)
+        probs = None
+        if any(p is not None and p.walk.q_tokens is not None for p in proposals):  # some were drawn from q
+            probs = [self.q_rows(p) for p in proposals]
         self.propose_ms = (time.perf_counter() - t0) * 1e3
-        return DraftOutput(tokens=tokens, confidences=confidences, sources=sources,
+        return DraftOutput(tokens=tokens, probs=probs, confidences=confidences, sources=sources,
                            num_proposals={s: v.num_proposals - before[s] for s, v in self.stats.items()})
 
     def feedback(self, request_ids: list[str], num_verified: list[int], num_accepted: list[int]) -> None:
@@ -223,7 +292,7 @@ class SuffixDrafter:
                 s.accepted_by_position[k] += 1
             if self.config.live_calibration and not self.explore:
                 w = p.walk
-                self.calibration.record(p.source, p.temperature, w.freq, w.count, w.match, n_ver, n_acc)
+                self.calibration.record(p.source, p.regime, w.freq, w.count, w.match, n_ver, n_acc)
                 self._num_live += min(n_ver, n_acc + 1)
         if self._num_live >= self.config.live_refresh_every:
             self._num_live = 0
@@ -244,3 +313,4 @@ class SuffixDrafter:
         if text is not None and self.served is not None:  # its text joins its tenant's served store
             self.served.add(tenant, text.tokens().copy())
         self.last.pop(request_id, None)
+        self._rngs.pop(request_id, None)

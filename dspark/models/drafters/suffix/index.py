@@ -45,20 +45,25 @@ class WalkParams:
     request_min_ctx: int = 1  # the request's own text (prompt lookup's 3 .. 1)
     request_max_ctx: int = 3
     min_path_prob: float = 0.1
-    num_samples: int = 64  # strided samples of a large run (see suffix_kernels.c)
+    num_samples: int = 64  # strided samples of a large run (see suffix_kernels.c; at most 64)
     max_occurrences: int = 256  # per-request walk: the most recent occurrences looked at
+    max_q: int = 16  # sampled walks (T > 0): q keeps a context's this many most frequent continuations
 
 
 @dataclass
 class Walk:
     """One proposal: k tokens and, per token, its conditional frequency, support and context length, and
-    its survival c_k read from the calibration table the walk was given (the raw frequency without one)."""
+    its survival c_k read from the calibration table the walk was given (the raw frequency without one).
+    A sampled walk (`sample_batch`) also carries q per step: `q_tokens` / `q_probs` (k, max_q), unused slots
+    -1 / 0, and its `freq` is q's largest probability (what the calibration reads; never the drawn token's)."""
 
     tokens: list[int]
     freq: list[float]
     count: list[int]
     match: list[int]
     conf: list[float]
+    q_tokens: np.ndarray | None = None
+    q_probs: np.ndarray | None = None
 
     @staticmethod
     def empty() -> Walk:
@@ -278,4 +283,65 @@ def propose_batch(texts: list[RequestText], index: SuffixIndex | None, served: l
                       params.min_ctx, params.max_ctx, params.request_min_ctx, params.request_max_ctx, max_tokens,
                       params.min_path_prob, params.num_samples, params.max_occurrences, work.ctypes.data,
                       int(use[0]), int(use[1]), int(use[2]), out.tables.ctypes.data, *out.ptrs)
+    return out
+
+
+class SampledWalks:
+    """Output buffers of `sample_batch` (one sampled walk per request), grown as needed."""
+
+    def __init__(self, num_requests: int, max_tokens: int, max_q: int) -> None:
+        r, k = num_requests, max_tokens
+        self.num_requests, self.max_tokens, self.max_q = r, k, max_q
+        self.tokens = np.zeros((r, k), dtype=np.int32)
+        self.freq = np.zeros((r, k), dtype=np.float32)
+        self.count = np.zeros((r, k), dtype=np.int32)
+        self.match = np.zeros((r, k), dtype=np.int32)
+        self.conf = np.zeros((r, k), dtype=np.float32)
+        self.k = np.zeros(r, dtype=np.int64)
+        self.q_tokens = np.zeros((r, k, max_q), dtype=np.int32)
+        self.q_probs = np.zeros((r, k, max_q), dtype=np.float32)
+        self.seq_ptrs = np.zeros(r, dtype=np.int64)
+        self.seq_lens = np.zeros(r, dtype=np.int64)
+        self.served = np.zeros(4 * r, dtype=np.int64)
+        self.sources = np.zeros(r, dtype=np.int64)
+        self.tables = np.zeros(r, dtype=np.int64)
+        self.uniforms = np.zeros((r, k), dtype=np.float32)
+        self.ptrs = tuple(a.ctypes.data for a in (self.tokens, self.freq, self.count, self.match, self.conf, self.k,
+                                                  self.q_tokens, self.q_probs))
+
+    def walk(self, r: int) -> Walk:
+        k = int(self.k[r])
+        return Walk(self.tokens[r, :k].tolist(), self.freq[r, :k].tolist(), self.count[r, :k].tolist(),
+                    self.match[r, :k].tolist(), self.conf[r, :k].tolist(), self.q_tokens[r, :k].copy(),
+                    self.q_probs[r, :k].copy())
+
+
+def sample_batch(texts: list[RequestText], index: SuffixIndex | None, served: list[SuffixIndex | None],
+                 params: WalkParams, max_tokens: int, sources: list[int], tables: list[int],
+                 uniforms: np.ndarray, out: SampledWalks | None, work: np.ndarray) -> SampledWalks:
+    """One sampled walk per request, from source `sources[r]` (0 request, 1 corpus, 2 served, -1 none) with
+    calibration cells at address `tables[r]` (0: raw), drawing with `uniforms[r]` (max_tokens values in
+    [0, 1)), in ONE native call (`sample_batch` in suffix_kernels.c)."""
+    n = len(texts)
+    max_q = max(1, min(64, params.max_q))
+    if out is None or out.num_requests < n or out.max_tokens != max_tokens or out.max_q != max_q:
+        out = SampledWalks(max(n, 2 * (out.num_requests if out else 0), 8), max_tokens, max_q)
+    for r, (t, s) in enumerate(zip(texts, served)):
+        out.seq_ptrs[r] = t.ptr
+        out.seq_lens[r] = t.length
+        if s is not None and len(s.sa):
+            out.served[4 * r:4 * r + 4] = (s._text_ptr, len(s.text), s._sa_ptr, len(s.sa))
+        else:
+            out.served[4 * r + 3] = 0
+    out.sources[:n] = sources
+    out.tables[:n] = tables
+    out.uniforms[:n] = uniforms
+    has_index = index is not None and len(index.sa) > 0
+    suffix_native.required().sample_batch(
+        n, out.seq_ptrs.ctypes.data, out.seq_lens.ctypes.data,
+        index._text_ptr if has_index else None, len(index.text) if has_index else 0,  # type: ignore[union-attr]
+        index._sa_ptr if has_index else None, len(index.sa) if has_index else 0,  # type: ignore[union-attr]
+        out.served.ctypes.data, DEFAULT_DEPTH, params.min_ctx, params.max_ctx, params.request_min_ctx,
+        params.request_max_ctx, max_tokens, params.min_path_prob, params.num_samples, params.max_occurrences,
+        work.ctypes.data, max_q, out.sources.ctypes.data, out.tables.ctypes.data, out.uniforms.ctypes.data, *out.ptrs)
     return out
