@@ -73,7 +73,9 @@ def test_one_dead_ingress_replica_does_not_stop_new_requests(server, tiny_target
                     resp = c.post("/v1/completions", json={"model": "tiny", "prompt": prompts[i], "temperature": 0,
                                                            "max_tokens": NUM_NEW, "ignore_eos": True})
                     ok = resp.status_code == 200 and resp.json()["choices"][0]["text"] == expected[i]
-                    records.append((t0, time.monotonic(), resp.status_code, ok))
+                    # a 429 counts as the door's back-pressure only with the Retry-After a client needs
+                    status = resp.status_code if resp.status_code != 429 or "retry-after" in resp.headers else -429
+                    records.append((t0, time.monotonic(), status, ok))
                 except httpx.HTTPError:
                     records.append((t0, time.monotonic(), None, False))
 
@@ -95,11 +97,16 @@ def test_one_dead_ingress_replica_does_not_stop_new_requests(server, tiny_target
     assert before and all(r[3] for r in before)
     failed_after = [r for r in after if not r[3]]
     # a request Serve's proxy had already routed to the dying replica may fail in the first instant;
-    # every one started a second after the kill goes through the survivor
-    assert not [r for r in failed_after if r[0] >= t_kill + 1.0], failed_after
+    # every one started a second after the kill goes through the survivor. Admission may still refuse one
+    # with 429 + Retry-After while the pools finish the dead replica's cancelled requests (seen in CI behind
+    # HAProxy: one 429 in ~40 requests): back-pressure a client retries, not a failure, if it stays rare
+    refused = [r for r in failed_after if r[2] == 429]
+    assert not [r for r in failed_after if r[0] >= t_kill + 1.0 and r[2] != 429], failed_after
+    assert len(refused) <= max(2, len(after) // 10), refused
     assert len([r for r in after if r[3]]) >= len(prompts), "the survivor served new requests"
     print(f"in flight at the kill: {len(during)} ({sum(1 for r in during if not r[3])} failed); "
-          f"started after: {len(after)} ({len(failed_after)} failed, all within 1 s of the kill)")
+          f"started after: {len(after)} ({len(failed_after) - len(refused)} failed, all within 1 s of the kill; "
+          f"{len(refused)} refused with 429 + Retry-After)")
     _wait(lambda: len(_ingress_pids()) == 2 and victim not in _ingress_pids(), 120, "Serve to replace the replica")
 
     def nothing_held() -> bool:

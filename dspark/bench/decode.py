@@ -158,11 +158,13 @@ def bench_decode(target: TargetModel, drafters: list[str], batch_sizes: list[int
                 for p, o in zip(arm_prompts, base.outputs):
                     drafter.set_continuation(p, p + o)
             sched = "fixed" if name == "oracle" else scheduler
-            cfg = EngineConfig(target=target.name, drafter=name.removesuffix(NO_STS), scheduler=sched,
+            cfg = EngineConfig(target=target.name, drafter=_kind(name), scheduler=sched,
                                num_draft_tokens=num_draft_tokens, sps_profile=sps_profile,
                                max_num_seqs=bs, max_model_len=max_len, draft_gate=draft_gate,
+                               measured_token_cost=name.endswith(TOKEN_COST),
                                scheduler_kwargs={"k": num_draft_tokens} if sched == "fixed" else {})
-            arm = run_engine(Engine(cfg, target=target, drafter=drafter), arm_prompts, bs, max_new_tokens, refill)
+            engine = Engine(cfg, target=target, drafter=drafter)
+            arm = run_engine(engine, arm_prompts, bs, max_new_tokens, refill)
             if bs == 1:
                 by_domain = _per_domain(picked[:len(arm_prompts)], base, arm)
             block["drafters"][name] = {
@@ -177,6 +179,9 @@ def bench_decode(target: TargetModel, drafters: list[str], batch_sizes: list[int
                 "draft_ms_per_step": arm.draft_ms, "verify_ms_per_step": arm.verify_ms,
                 "draft_over_verify": arm.draft_ms / arm.verify_ms if arm.verify_ms else None,
                 "greedy_identical_to_target_only": arm.outputs == base.outputs,
+                # ms per verified draft token the scheduler used, per batch band (measured or the profile's)
+                "token_cost": engine.token_cost.summary(engine.sps)
+                if engine.token_cost is not None and engine.sps is not None else None,
             }
         result[f"batch{bs}"] = block
     if 1 in batch_sizes and len(batch_sizes) > 1:
@@ -187,15 +192,21 @@ def bench_decode(target: TargetModel, drafters: list[str], batch_sizes: list[int
 
 
 NO_STS = "-nosts"
+TOKEN_COST = "-tokencost"  # the arm schedules on the measured token cost, not the profile's slope
+
+
+def _kind(name: str) -> str:
+    return name.removesuffix(TOKEN_COST).removesuffix(NO_STS)
 
 
 def _drafter(name: str, target: TargetModel, checkpoints: dict[str, str]) -> Drafter:
     """Drafter `name`; `<kind>-nosts` is the same checkpoint with its STS temperatures dropped (the raw
-    confidences reach the scheduler), for the STS on/off ablation."""
-    kind = name.removesuffix(NO_STS)
+    confidences reach the scheduler), for the STS on/off ablation; `<name>-tokencost` schedules on the
+    measured token cost instead of the profile's slope (spec/token_cost.py), for that ablation."""
+    kind = _kind(name)
     kwargs = {"path": checkpoints[kind]} if kind in checkpoints else {}
     drafter = make_drafter(kind, target, **kwargs)
-    if name.endswith(NO_STS):
+    if name.removesuffix(TOKEN_COST).endswith(NO_STS):
         model = getattr(drafter, "model", None)
         if model is None or not getattr(model.config, "sts_temperatures", None):
             raise ValueError(f"{name}: the {kind} drafter has no STS temperatures to drop")

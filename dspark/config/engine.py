@@ -29,6 +29,9 @@ class EngineConfig:
     # skip drafting at batch sizes where it measurably costs more than it returns (load-aware
     # schedulers only: a fixed k always drafts); see spec/draft_gate.py
     draft_gate: bool = True
+    # schedule on the measured cost of one more verified token per batch band instead of the profile's slope
+    # (load-aware schedulers only); off: it measured slower at batch 8 and 32 (spec/token_cost.py)
+    measured_token_cost: bool = False
     # steps kept in `Engine.stats` (None: all, for benchmarks that read and clear them); a long-running
     # server keeps a window, else per-step records would grow without bound
     max_step_stats: int | None = None

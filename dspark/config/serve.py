@@ -115,6 +115,9 @@ class ServeAppConfig(BaseModel):
     num_draft_tokens: int = Field(7, ge=0, description="γ: most tokens drafted per request and step.")
     draft_gate: bool = Field(True, description="Skip drafting at batch sizes where it measurably costs more "
                                                "than it returns (load-aware schedulers only).")
+    measured_token_cost: bool = Field(False, description="Schedule verification on the measured cost of one more "
+                                      "verified token per batch band, not the profile's slope (load-aware "
+                                      "schedulers only; measured slower at batch 8 and 32: spec/token_cost.py).")
     prefix_cache_mb: int = Field(256, ge=0, description="Automatic prefix caching, per engine: MiB of prompt-block "
                                  "K/V kept so a prompt that starts like an earlier one (system turn, repeated or "
                                  "multi-turn prompt) computes only its new part. 0 turns it off.")
@@ -276,7 +279,8 @@ class ServeAppConfig(BaseModel):
                             num_draft_tokens=self.num_draft_tokens, sps_profile=self.sps_profile,
                             max_num_seqs=self.max_num_seqs, max_model_len=self.max_model_len,
                             num_threads=num_threads, draft_gate=self.draft_gate,
-                            max_step_stats=SERVER_STEP_STATS, merge_stream_outputs=self.merge_stream_outputs,
+                            measured_token_cost=self.measured_token_cost, max_step_stats=SERVER_STEP_STATS,
+                            merge_stream_outputs=self.merge_stream_outputs,
                             prefix_cache_mb=self.prefix_cache_mb)
 
     def worker_engine_config(self) -> EngineConfig:

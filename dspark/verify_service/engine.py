@@ -29,6 +29,7 @@ from dspark.models.target.runner import TargetRunner
 from dspark.spec.draft_gate import DraftGate
 from dspark.spec.schedulers import Scheduler, make_scheduler
 from dspark.spec.survival import AcceptanceTracker
+from dspark.spec.token_cost import TokenCost
 from dspark.verify_service.prefix_cache import BLOCK as PREFIX_BLOCK
 from dspark.verify_service.prefix_cache import PrefixCache
 from dspark.verify_service.request import (
@@ -103,6 +104,7 @@ class Engine:
         self.sps = load_sps(config.sps_profile, self.target) if config.scheduler != "fixed" else None
         self.tracker = AcceptanceTracker(max(1, config.num_draft_tokens))
         self.gate = DraftGate() if config.draft_gate and self.sps is not None else None
+        self.token_cost = TokenCost() if config.measured_token_cost and self.sps is not None else None
         self._last_round: tuple[float, float] | None = None  # perf_counter start and end of the last round
         self._prefill_ms = 0.0  # admission (prefill) time since the last round, kept out of the gate's O
         self._rider_logits: torch.Tensor | None = None  # the riders' logits of the last round (see _round)
@@ -201,6 +203,8 @@ class Engine:
         sps = self.sps
         if riders and sps is not None:  # the prompts make the forward longer: verified tokens cost it less
             sps = sps.with_base_tokens(sum(len(c.token_ids) for c in riders))
+        elif sps is not None and self.token_cost is not None:  # one more verified token at its measured cost
+            sps = self.token_cost.table(len(active), sps)
         lengths = schedule(active, draft, self.scheduler, self.tracker, sps)
         t2 = time.perf_counter()
         verified = verify_round(self.runner, active, draft, lengths, self.hidden_layers, riders)
@@ -232,6 +236,8 @@ class Engine:
                       extra_draft_ms: float, start_s: float, with_riders: bool = False) -> None:
         # the gate learns from the round's measured time, drafting on the critical path included; not from a
         # round that also prefilled prompts (its time says little about drafting or not)
+        if self.token_cost is not None and not with_riders:
+            self.token_cost.record(len(active), sum(lengths), verify_ms, self.sps)  # type: ignore[arg-type]
         if self.gate is not None and not with_riders:
             round_ms = (time.perf_counter() - t0) * 1e3 + extra_draft_ms
             if any(draft.tokens):

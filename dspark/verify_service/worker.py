@@ -193,6 +193,8 @@ class VerifyWorker:
         if eng.gate is not None:
             out["draft_gate"] = {"num_drafted": eng.gate.num_drafted, "num_skipped": eng.gate.num_skipped,
                                  "gain_by_batch_size": eng.gate.gains()}
+        if eng.token_cost is not None and eng.sps is not None:  # what one more verified token costs, per band
+            out["token_cost"] = eng.token_cost.summary(eng.sps)
         drafter = eng.drafter
         if isinstance(drafter, RemoteDrafter) and drafter.spans:
             spans = list(drafter.spans)[-_NUM_TIMELINE_STEPS:]

@@ -128,7 +128,7 @@ class SuffixDrafter:
         self.config = config or SuffixConfig()
         self.explore = explore  # calibration runs: alternate the sources so both get verified
         self._texts: dict[str, RequestText] = {}
-        self._tables: dict[tuple[str, str], np.ndarray | None] = {}
+        self._tables: dict[tuple[str, str], tuple[np.ndarray | None, int]] = {}
         self._batch: BatchWalks | None = None
         self._sampled: SampledWalks | None = None
         self._rngs: dict[str, np.random.Generator] = {}  # request id -> the draws of its sampled drafts
@@ -168,11 +168,13 @@ class SuffixDrafter:
     def _cells(self, source: str, regime: str) -> int:
         """Address of the calibration cells of (source, regime) as float32 for the native walk (0: none)."""
         key = (source, regime)
-        if key not in self._tables:
+        entry = self._tables.get(key)
+        if entry is None:
             cells = self.calibration.cells(source, regime)
-            self._tables[key] = None if cells is None else np.asarray(cells, dtype=np.float32)
-        table = self._tables[key]
-        return table.ctypes.data if table is not None else 0
+            array = None if cells is None else np.asarray(cells, dtype=np.float32)
+            # the array stays referenced beside its address (numpy's .ctypes.data costs microseconds a call)
+            entry = self._tables[key] = (array, array.ctypes.data if array is not None else 0)
+        return entry[1]
 
     def choose_batch(self, requests: list[DraftRequest], max_num_tokens: int) -> list[Proposal | None]:
         """Per request, the proposal with the most expected accepted tokens (None: no source has one). Both

@@ -1,0 +1,118 @@
+"""The measured cost of verifying one more draft token, per batch size, for the prefix scheduler.
+
+Algorithm 1 admits a draft token while Θ = τ·SPS(B) rises, so the slope of the step-time table past the
+batch's own B tokens decides how much is verified: a token of survival a pays iff a > m·(E / T), with m
+the extra milliseconds one verified token costs, E the tokens the step emits and T its time. The
+profile's slope comes from verify-shaped chunks (8 tokens a request); a real round at batch 32 spreads the
+same extra tokens over 32 requests, and its extra rows also pay the head, acceptance and the drafter's
+feature taps. Measured (SmolLM2 bf16, 1 thread, AMX Xeon): ~1.5 ms per verified token against the
+profile's 0.6, so the scheduler verified tokens of survival 0.35–0.8 that cost more than they returned.
+
+`TokenCost` fits, per band of batch sizes, the verify forward's time in excess of the profile's plain time
+T(B) against the number of draft tokens verified: excess ≈ c + m·ℓ, a least-squares line over decayed sums
+of recent rounds (plain rounds, ℓ = 0, anchor it; the draft gate probes them). `table` then hands the
+scheduler T'(n) = T(B) + m·(n − B): the profile's plain time, the measured slope. Until a band has rounds
+enough and a spread of ℓ to fit on, or if the fit is off the profile's slope by more than `clamp`, the
+profile's own slope (bounded by `clamp`) stands.
+
+Lossless: the table depends on past rounds' timings and sizes only, never on the tokens being verified.
+
+Off by default (`measured_token_cost`), because it lost where it was meant to win. `dspark bench decode
+--drafters hybrid-tokencost,hybrid --batch-sizes 1,8,32 --waves 2 --num-threads 1 --dtype bf16` (one run,
+`docs/results/suffix/s34/bench_decode_token_cost_ab.json`; the arms were then called `hybrid` and
+`hybrid-profilecost`): the fit found 1.05 ms per token at batch 32 and 0.71 at batch 8, Algorithm 1 verified
+0.39 tokens a request at batch 32 instead of 1.06, and the steady state fell from 1.05× to 0.99× target-only
+(batch 8: 1.22× to 1.18×; batch 1: 1.86× to 1.94×, up). So the tokens of survival ~0.3–0.5 that the
+profile's cheaper slope lets through did pay: either their survival is underestimated, or the line's slope
+(excess time against verified tokens, across rounds) is not the cost of one more token. Which, is open.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dspark.spec.sps import SPSTable
+
+
+@dataclass
+class _Fit:
+    """Decayed sums of (ℓ, excess ms) over a band's recent rounds."""
+
+    w: float = 0.0
+    x: float = 0.0
+    xx: float = 0.0
+    y: float = 0.0
+    xy: float = 0.0
+    rounds: int = 0
+
+    def add(self, x: float, y: float, decay: float) -> None:
+        self.w, self.x, self.xx = decay * self.w + 1.0, decay * self.x + x, decay * self.xx + x * x
+        self.y, self.xy = decay * self.y + y, decay * self.xy + x * y
+        self.rounds += 1
+
+    def slope(self, min_rounds: int, min_spread: float) -> float | None:
+        """m of the weighted line, or None while the rounds are too few or their ℓ too alike to fit on."""
+        if self.rounds < min_rounds or self.w <= 0:
+            return None
+        var_x = self.xx / self.w - (self.x / self.w) ** 2
+        if var_x < min_spread:
+            return None
+        cov = self.xy / self.w - (self.x / self.w) * (self.y / self.w)
+        return cov / var_x
+
+
+def band_of(batch_size: int) -> int:
+    """Bands 1, 2, 3-4, 5-8, 9-16, 17-32, ...: the per-token cost changes slowly with the batch."""
+    return max(0, (batch_size - 1).bit_length())
+
+
+class TokenCost:
+    """Per band of batch sizes, the measured ms of one more verified draft token (see the module docstring)."""
+
+    def __init__(self, decay: float = 0.98, min_rounds: int = 16, min_spread: float = 4.0,
+                 clamp: tuple[float, float] = (0.5, 4.0)) -> None:
+        self.decay = decay
+        self.min_rounds = min_rounds
+        self.min_spread = min_spread  # variance of ℓ (tokens²) the fit needs
+        self.clamp = clamp  # the measured slope stays within these multiples of the profile's
+        self._fits: dict[int, _Fit] = {}
+
+    def record(self, batch_size: int, num_verified: int, verify_ms: float, profile: SPSTable) -> None:
+        """One round without riding prompts: `num_verified` draft tokens (0 for a plain round) verified
+        beside `batch_size` requests' last tokens in `verify_ms`."""
+        if batch_size <= 0 or verify_ms <= 0:
+            return
+        excess = verify_ms - profile.step_time_ms_at(batch_size)
+        self._fits.setdefault(band_of(batch_size), _Fit()).add(float(num_verified), excess, self.decay)
+
+    def slope_ms(self, batch_size: int, profile: SPSTable) -> tuple[float, bool]:
+        """(ms per verified token at `batch_size`, whether it is measured rather than the profile's)."""
+        span = max(8, batch_size)
+        prof = max(1e-6, (profile.step_time_ms_at(batch_size + span) - profile.step_time_ms_at(batch_size)) / span)
+        fit = self._fits.get(band_of(batch_size))
+        measured = fit.slope(self.min_rounds, self.min_spread) if fit is not None else None
+        if measured is None:
+            return prof, False
+        lo, hi = self.clamp
+        return min(max(measured, lo * prof), hi * prof), True
+
+    def table(self, batch_size: int, profile: SPSTable) -> SPSTable:
+        """The step-time table Algorithm 1 schedules a round of `batch_size` requests on: the profile's plain
+        time at B tokens, the measured slope past it (the profile itself while nothing is measured)."""
+        slope, measured = self.slope_ms(batch_size, profile)
+        if not measured:
+            return profile
+        base = profile.step_time_ms_at(batch_size)
+        span = 64 * max(1, batch_size)
+        return SPSTable([batch_size, batch_size + span], [base, base + slope * span],
+                        {**profile.meta, "measured_slope_ms": round(slope, 4)})
+
+    def summary(self, profile: SPSTable) -> dict[str, dict]:
+        """Per band (its largest batch size): the slope in use and whether it was measured (for stats)."""
+        out = {}
+        for band in sorted(self._fits):
+            size = 1 << band
+            slope, measured = self.slope_ms(size, profile)
+            out[str(size)] = {"ms_per_token": round(slope, 3), "measured": measured,
+                              "rounds": self._fits[band].rounds}
+        return out
