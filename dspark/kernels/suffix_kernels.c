@@ -45,6 +45,24 @@ static float survival_of(const float *table, float freq, int64_t count, int64_t 
     return table[((f * 7 + n) * 6 + m) * 4 + k];
 }
 
+/* Step k of a walk: the token, what the calibration reads of it, and its survival. */
+static void emit(int64_t k, int32_t token, float freq, int64_t count, int64_t match, const float *table,
+                 int32_t *out_tokens, float *out_freq, int32_t *out_count, int32_t *out_match, float *out_conf) {
+    out_tokens[k] = token;
+    out_freq[k] = freq;
+    out_count[k] = (int32_t)(count > 2147483647 ? 2147483647 : count);
+    out_match[k] = (int32_t)match;
+    out_conf[k] = survival_of(table, freq, out_count[k], match, k);
+}
+
+/* Keep the occurrences (positions of next tokens in seq[0..n)) continued by `token`, moved one on. */
+static int64_t narrow(int64_t *work, int64_t num, const int32_t *seq, int64_t n, int32_t token) {
+    int64_t kept = 0;
+    for (int64_t a = 0; a < num; a++)
+        if (work[a] < n && seq[work[a]] == token) work[kept++] = work[a] + 1;
+    return kept;
+}
+
 /* [lo, hi) of sa whose suffixes start with p[0..m), searched within [lo0, hi0) */
 static void run_of(const int32_t *text, int64_t n_text, const int32_t *sa, int64_t lo0, int64_t hi0,
                    const int32_t *p, int64_t m, int64_t *lo_out, int64_t *hi_out) {
@@ -63,6 +81,51 @@ static void run_of(const int32_t *text, int64_t n_text, const int32_t *sa, int64
     *hi_out = lo;
 }
 
+/* The longest context suffix of ctx[0..n_ctx) (max_ctx..min_ctx tokens, no separator) whose run of `sa` has a
+ * continuation: copied to pat, its run to [*lo, *hi); returns its length (0: none). */
+static int64_t index_match(const int32_t *text, int64_t n_text, const int32_t *sa, int64_t n_sa, const int32_t *ctx,
+                           int64_t n_ctx, int64_t min_ctx, int64_t max_ctx, int32_t *pat, int64_t *lo, int64_t *hi) {
+    if (max_ctx > n_ctx) max_ctx = n_ctx;
+    if (max_ctx > 128) max_ctx = 128;
+    for (int64_t len = max_ctx; len >= min_ctx && len >= 1; len--) {
+        int contains_sep = 0;
+        for (int64_t i = 0; i < len; i++) contains_sep |= ctx[n_ctx - len + i] < 0;
+        if (contains_sep) continue;
+        int64_t a, b;
+        run_of(text, n_text, sa, 0, n_sa, ctx + n_ctx - len, len, &a, &b);
+        /* a run is sorted by next token and the separator sorts first: its last entry has a real next
+         * token iff any entry has one */
+        if (b > a && token_at(text, n_text, (int64_t)sa[b - 1] + len) >= 0) {
+            for (int64_t i = 0; i < len; i++) pat[i] = ctx[n_ctx - len + i];
+            *lo = a; *hi = b;
+            return len;
+        }
+    }
+    return 0;
+}
+
+/* The earlier occurrences in seq[0..n) of its last `len` tokens (len from max_ctx down to min_ctx, the longest
+ * that occurs), each as the position of its next token, most recent first, at most max_occurrences, in
+ * work; *num of them. Returns len (0: none). */
+static int64_t request_match(const int32_t *seq, int64_t n, int64_t min_ctx, int64_t max_ctx, int64_t max_occurrences,
+                             int64_t *work, int64_t *num) {
+    if (max_ctx > n - 1) max_ctx = n - 1;
+    for (int64_t len = max_ctx; len >= min_ctx && len >= 1; len--) {
+        const int32_t *suf = seq + n - len;
+        *num = 0;
+        /* occurrences starting at s with s + len < n (a next token exists), the suffix itself excluded */
+        for (int64_t s = n - len - 1; s >= 0; s--) {
+            int64_t i = 0;
+            while (i < len && seq[s + i] == suf[i]) i++;
+            if (i == len) work[(*num)++] = s + len;
+            if (*num == max_occurrences) break; /* bounded work: the most recent ones */
+        }
+        if (*num > 0) return len;
+    }
+    *num = 0;
+    return 0;
+}
+
 /* Walk the most frequent continuation of the context suffix in the global index.
  * ctx[0..n_ctx): the request's last tokens (oldest first). Tries context lengths max_ctx..min_ctx and keeps
  * the longest with a continuation. Emits up to max_tokens tokens while the path probability (product of
@@ -76,23 +139,8 @@ int64_t suffix_walk(const int32_t *text, int64_t n_text, const int32_t *sa, int6
                     const float *table, float *out_conf) {
     if (n_sa == 0 || n_ctx <= 0) return 0;
     int32_t pat[256];
-    int64_t lo = 0, hi = 0, m = 0;
-    if (max_ctx > n_ctx) max_ctx = n_ctx;
-    if (max_ctx > 128) max_ctx = 128;
-    for (int64_t len = max_ctx; len >= min_ctx && len >= 1; len--) {
-        int contains_sep = 0;
-        for (int64_t i = 0; i < len; i++) contains_sep |= ctx[n_ctx - len + i] < 0;
-        if (contains_sep) continue;
-        int64_t a, b;
-        run_of(text, n_text, sa, 0, n_sa, ctx + n_ctx - len, len, &a, &b);
-        /* a run is sorted by next token and the separator sorts first: its last entry has a real next
-         * token iff any entry has one */
-        if (b > a && token_at(text, n_text, (int64_t)sa[b - 1] + len) >= 0) {
-            for (int64_t i = 0; i < len; i++) pat[i] = ctx[n_ctx - len + i];
-            lo = a; hi = b; m = len;
-            break;
-        }
-    }
+    int64_t lo = 0, hi = 0;
+    int64_t m = index_match(text, n_text, sa, n_sa, ctx, n_ctx, min_ctx, max_ctx, pat, &lo, &hi);
     if (m == 0) return 0;
     int64_t k = 0;
     float path = 1.0f;
@@ -125,11 +173,7 @@ int64_t suffix_walk(const int32_t *text, int64_t n_text, const int32_t *sa, int6
         float freq = (float)(b - a) / (float)run;
         path *= freq;
         if (path < min_path_prob) break;
-        out_tokens[k] = best;
-        out_freq[k] = freq;
-        out_count[k] = (int32_t)(run > 2147483647 ? 2147483647 : run);
-        out_match[k] = (int32_t)m;
-        out_conf[k] = survival_of(table, freq, out_count[k], m, k);
+        emit(k, best, freq, run, m, table, out_tokens, out_freq, out_count, out_match, out_conf);
         k++;
         lo = a; hi = b; m++;
     }
@@ -144,21 +188,9 @@ int64_t request_walk(const int32_t *seq, int64_t n, int64_t min_ctx, int64_t max
                      float min_path_prob, int64_t max_occurrences, int64_t *work, int32_t *out_tokens, float *out_freq,
                      int32_t *out_count, int32_t *out_match, const float *table, float *out_conf) {
     if (n < 2) return 0;
-    int64_t num = 0, m = 0;
-    if (max_ctx > n - 1) max_ctx = n - 1;
-    for (int64_t len = max_ctx; len >= min_ctx && len >= 1; len--) {
-        const int32_t *suf = seq + n - len;
-        num = 0;
-        /* occurrences starting at s with s + len < n (a next token exists), the suffix itself excluded */
-        for (int64_t s = n - len - 1; s >= 0; s--) {
-            int64_t i = 0;
-            while (i < len && seq[s + i] == suf[i]) i++;
-            if (i == len) work[num++] = s + len; /* position of the next token; most recent first */
-            if (num == max_occurrences) break; /* bounded work: the most recent ones */
-        }
-        if (num > 0) { m = len; break; }
-    }
-    if (num == 0) return 0;
+    int64_t num = 0;
+    int64_t m = request_match(seq, n, min_ctx, max_ctx, max_occurrences, work, &num);
+    if (m == 0) return 0;
     int64_t k = 0;
     float path = 1.0f;
     while (k < max_tokens && num > 0) {
@@ -179,19 +211,21 @@ int64_t request_walk(const int32_t *seq, int64_t n, int64_t min_ctx, int64_t max
         float freq = (float)best_n / (float)num;
         path *= freq;
         if (path < min_path_prob) break;
-        out_tokens[k] = best;
-        out_freq[k] = freq;
-        out_count[k] = (int32_t)num;
-        out_match[k] = (int32_t)m;
-        out_conf[k] = survival_of(table, freq, num, m, k);
+        emit(k, best, freq, num, m, table, out_tokens, out_freq, out_count, out_match, out_conf);
         k++;
-        int64_t kept = 0;
-        for (int64_t a = 0; a < num; a++)
-            if (work[a] < n && seq[work[a]] == best) work[kept++] = work[a] + 1;
-        num = kept;
+        num = narrow(work, num, seq, n, best);
         m++;
     }
     return k;
+}
+
+/* The index source s (1 = the global one, 2 = request r's tenant's served text) reads: 0 where it has none. */
+static int index_of(int64_t s, int64_t r, const int32_t *text, int64_t n_text, const int32_t *sa, int64_t n_sa,
+                    const int64_t *served, const int32_t **t, int64_t *nt, const int32_t **a, int64_t *na) {
+    if (s == 1) { *t = text; *nt = n_text; *a = sa; *na = n_sa; }
+    else { *t = (const int32_t *)served[4 * r]; *nt = served[4 * r + 1]; *a = (const int32_t *)served[4 * r + 2];
+           *na = served[4 * r + 3]; }
+    return *na > 0;
 }
 
 /* One proposal round for R requests, every source, in one call (what SuffixDrafter.propose runs).
@@ -217,16 +251,14 @@ void propose_batch(int64_t R, const int64_t *seq_ptrs, const int64_t *seq_lens,
         for (int64_t s = 0; s < 3; s++) {
             int64_t o = (r * 3 + s) * max_tokens, k = 0;
             const float *table = (const float *)tables[r * 3 + s];
+            const int32_t *t, *a;
+            int64_t nt, na;
             if (s == 0 && use_request)
                 k = request_walk(seq, n, req_min_ctx, req_max_ctx, max_tokens, min_path_prob, max_occurrences, work,
                                  out_tokens + o, out_freq + o, out_count + o, out_match + o, table, out_conf + o);
-            else if (s == 1 && use_corpus && n_sa > 0)
-                k = suffix_walk(text, n_text, sa, n_sa, seq + n - c, c, min_ctx, max_ctx, depth, max_tokens,
-                                min_path_prob, num_samples, out_tokens + o, out_freq + o, out_count + o, out_match + o,
-                                table, out_conf + o);
-            else if (s == 2 && use_served && served[4 * r + 3] > 0)
-                k = suffix_walk((const int32_t *)served[4 * r], served[4 * r + 1], (const int32_t *)served[4 * r + 2],
-                                served[4 * r + 3], seq + n - c, c, min_ctx, max_ctx, depth, max_tokens, min_path_prob,
+            else if (s > 0 && (s == 1 ? use_corpus : use_served) && index_of(s, r, text, n_text, sa, n_sa, served,
+                                                                            &t, &nt, &a, &na))
+                k = suffix_walk(t, nt, a, na, seq + n - c, c, min_ctx, max_ctx, depth, max_tokens, min_path_prob,
                                 num_samples, out_tokens + o, out_freq + o, out_count + o, out_match + o, table,
                                 out_conf + o);
             float expected = 0.0f, path = 1.0f;
@@ -297,21 +329,8 @@ int64_t suffix_sample_walk(const int32_t *text, int64_t n_text, const int32_t *s
     if (max_q > MAX_Q) max_q = MAX_Q;
     int32_t pat[256];
     Group g[MAX_Q];
-    int64_t lo = 0, hi = 0, m = 0;
-    if (max_ctx > n_ctx) max_ctx = n_ctx;
-    if (max_ctx > 128) max_ctx = 128;
-    for (int64_t len = max_ctx; len >= min_ctx && len >= 1; len--) { /* the same match as suffix_walk */
-        int contains_sep = 0;
-        for (int64_t i = 0; i < len; i++) contains_sep |= ctx[n_ctx - len + i] < 0;
-        if (contains_sep) continue;
-        int64_t a, b;
-        run_of(text, n_text, sa, 0, n_sa, ctx + n_ctx - len, len, &a, &b);
-        if (b > a && token_at(text, n_text, (int64_t)sa[b - 1] + len) >= 0) {
-            for (int64_t i = 0; i < len; i++) pat[i] = ctx[n_ctx - len + i];
-            lo = a; hi = b; m = len;
-            break;
-        }
-    }
+    int64_t lo = 0, hi = 0;
+    int64_t m = index_match(text, n_text, sa, n_sa, ctx, n_ctx, min_ctx, max_ctx, pat, &lo, &hi);
     if (m == 0) return 0;
     int64_t k = 0;
     float path = 1.0f;
@@ -335,11 +354,7 @@ int64_t suffix_sample_walk(const int32_t *text, int64_t n_text, const int32_t *s
         pat[m] = g[c].token;
         int64_t a, b;
         run_of(text, n_text, sa, lo, hi, pat, m + 1, &a, &b);
-        out_tokens[k] = g[c].token;
-        out_freq[k] = qmax;
-        out_count[k] = (int32_t)(run > 2147483647 ? 2147483647 : run);
-        out_match[k] = (int32_t)m;
-        out_conf[k] = survival_of(table, qmax, out_count[k], m, k);
+        emit(k, g[c].token, qmax, run, m, table, out_tokens, out_freq, out_count, out_match, out_conf);
         write_q(g, kept, total, max_q, out_q_tokens + k * max_q, out_q_probs + k * max_q);
         k++;
         lo = a; hi = b; m++;
@@ -357,20 +372,9 @@ int64_t request_sample_walk(const int32_t *seq, int64_t n, int64_t min_ctx, int6
                             float *out_q_probs) {
     if (n < 2) return 0;
     if (max_q > MAX_Q) max_q = MAX_Q;
-    int64_t num = 0, m = 0;
-    if (max_ctx > n - 1) max_ctx = n - 1;
-    for (int64_t len = max_ctx; len >= min_ctx && len >= 1; len--) { /* the same match as request_walk */
-        const int32_t *suf = seq + n - len;
-        num = 0;
-        for (int64_t s = n - len - 1; s >= 0; s--) {
-            int64_t i = 0;
-            while (i < len && seq[s + i] == suf[i]) i++;
-            if (i == len) work[num++] = s + len;
-            if (num == max_occurrences) break;
-        }
-        if (num > 0) { m = len; break; }
-    }
-    if (num == 0) return 0;
+    int64_t num = 0;
+    int64_t m = request_match(seq, n, min_ctx, max_ctx, max_occurrences, work, &num);
+    if (m == 0) return 0;
     Group g[MAX_Q];
     int64_t k = 0;
     float path = 1.0f;
@@ -396,18 +400,10 @@ int64_t request_sample_walk(const int32_t *seq, int64_t n, int64_t min_ctx, int6
         path *= qmax;
         if (path < min_path_prob) break;
         int64_t c = draw_group(g, kept, total, uniforms[k]);
-        int32_t best = g[c].token;
-        out_tokens[k] = best;
-        out_freq[k] = qmax;
-        out_count[k] = (int32_t)live;
-        out_match[k] = (int32_t)m;
-        out_conf[k] = survival_of(table, qmax, live, m, k);
+        emit(k, g[c].token, qmax, live, m, table, out_tokens, out_freq, out_count, out_match, out_conf);
         write_q(g, kept, total, max_q, out_q_tokens + k * max_q, out_q_probs + k * max_q);
         k++;
-        int64_t kept_occ = 0;
-        for (int64_t a = 0; a < num; a++)
-            if (work[a] < n && seq[work[a]] == best) work[kept_occ++] = work[a] + 1;
-        num = kept_occ;
+        num = narrow(work, num, seq, n, g[c].token);
         m++;
     }
     return k;
@@ -430,19 +426,16 @@ void sample_batch(int64_t R, const int64_t *seq_ptrs, const int64_t *seq_lens,
         int64_t o = r * max_tokens, oq = r * max_tokens * max_q, k = 0;
         const float *table = (const float *)tables[r];
         const float *u = uniforms + o;
+        const int32_t *t, *a;
+        int64_t nt, na;
         if (sources[r] == 0)
             k = request_sample_walk(seq, n, req_min_ctx, req_max_ctx, max_tokens, min_path_prob, max_occurrences,
                                     work, max_q, u, out_tokens + o, out_freq + o, out_count + o, out_match + o, table,
                                     out_conf + o, out_q_tokens + oq, out_q_probs + oq);
-        else if (sources[r] == 1 && n_sa > 0)
-            k = suffix_sample_walk(text, n_text, sa, n_sa, seq + n - c, c, min_ctx, max_ctx, depth, max_tokens,
-                                   min_path_prob, num_samples, max_q, u, out_tokens + o, out_freq + o, out_count + o,
-                                   out_match + o, table, out_conf + o, out_q_tokens + oq, out_q_probs + oq);
-        else if (sources[r] == 2 && served[4 * r + 3] > 0)
-            k = suffix_sample_walk((const int32_t *)served[4 * r], served[4 * r + 1], (const int32_t *)served[4 * r + 2],
-                                   served[4 * r + 3], seq + n - c, c, min_ctx, max_ctx, depth, max_tokens,
-                                   min_path_prob, num_samples, max_q, u, out_tokens + o, out_freq + o, out_count + o,
-                                   out_match + o, table, out_conf + o, out_q_tokens + oq, out_q_probs + oq);
+        else if (sources[r] > 0 && index_of(sources[r], r, text, n_text, sa, n_sa, served, &t, &nt, &a, &na))
+            k = suffix_sample_walk(t, nt, a, na, seq + n - c, c, min_ctx, max_ctx, depth, max_tokens, min_path_prob,
+                                   num_samples, max_q, u, out_tokens + o, out_freq + o, out_count + o, out_match + o,
+                                   table, out_conf + o, out_q_tokens + oq, out_q_probs + oq);
         out_k[r] = k;
     }
 }
