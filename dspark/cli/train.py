@@ -135,7 +135,9 @@ def eval_cmd(
                                                   run.get("calibration_by_source", {}).items()} or None,
                                 # a perfectly calibrated survival's ECE on the same rounds (sampling noise)
                                 "ece_noise_floor_by_source": {s: c.get("ece_before_noise_floor_mean") for s, c in
-                                                              run.get("calibration_by_source", {}).items()} or None}
+                                                              run.get("calibration_by_source", {}).items()} or None,
+                                "bias_by_source": {s: c.get("bias_before") for s, c in
+                                                   run.get("calibration_by_source", {}).items()} or None}
     emit(summary, out_dir / f"eval_{name}.json")
 
 

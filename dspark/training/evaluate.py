@@ -108,6 +108,8 @@ def calibration_report(rounds: Rounds, gamma: int, temperatures: list[float] | N
         out[f"ece_{tag}_noise_floor_mean"] = sum(ece_noise_floor(a[valid[:, k], k]) for k in range(gamma)) / gamma
         out[f"auc_{tag}"] = auc(a[valid], survived[valid])
         out[f"brier_{tag}"] = brier(a[valid], survived[valid])
+        # > 0: the survival promised more than was accepted (over-confident), < 0: under-confident
+        out[f"bias_{tag}"] = float(a[valid].mean() - survived[valid].float().mean()) if bool(valid.any()) else 0.0
     return out
 
 
