@@ -134,7 +134,7 @@ def test_verify_rows_hold_dense_and_sparse_q_for_verified_positions_only():
 
     reqs = [SimpleNamespace(params=SimpleNamespace(temperature=1.0, top_p=1.0), generator=None)] * 3
     dense_q = torch.softmax(torch.randn(3, 10), -1)
-    sparse_q = SparseQ(torch.tensor([[2, 5, -1], [7, -1, -1]]), torch.tensor([[0.75, 0.25, 0.0], [1.0, 0, 0]]))
+    sparse_q = SparseQ(np.array([[2, 5, -1], [7, -1, -1]]), np.array([[0.75, 0.25, 0.0], [1.0, 0, 0]], np.float32))
     lengths = [2, 1, 0]
     inp = build_verify_input(torch.zeros(sum(lengths) + 3, 10), reqs, [[1, 2, 3], [2, 7], []],  # type: ignore[arg-type]
                              [dense_q, sparse_q, SparseQ.point_masses([])], lengths)

@@ -127,7 +127,7 @@ class HybridDrafter:
                 for j, i in enumerate(picked):
                     probs[i] = out.probs[j]
         drawn = [i for i, (p, m) in enumerate(zip(cheap, use_model)) if p is not None and not m
-                 and p.walk.q_tokens is not None]
+                 and p.walk.q is not None]
         if drawn:  # cheap drafts drawn from their source's q (T > 0) carry it
             probs = probs if probs is not None else self._point_masses(tokens)
             for i in drawn:

@@ -35,7 +35,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from dspark.models.drafters.base import DraftOutput, DraftRequest, SparseQ
 from dspark.models.drafters.suffix.corpus import corpus_paths, read_responses
@@ -205,39 +204,40 @@ class SuffixDrafter:
         for s, source in enumerate(_SOURCE_NAMES):
             if source in self.stats:
                 self.stats[source].num_proposals += int(has[:, s].sum())
+        to_draw: list[tuple[int, int]] = []  # (request, source) of the T > 0 requests: drawn from q below
         for r, req in enumerate(requests):
             c = int(out.chosen[r])
             candidates = [s for s in range(len(_SOURCE_NAMES)) if has[r, s]]
             if self.explore and len(candidates) > 1:
                 c = candidates[(self._num_rounds + zlib.crc32(req.request_id.encode())) % len(candidates)]
+            chosen.append(None)
             if c < 0:
-                chosen.append(None)
+                continue
+            if drawn and req.temperature > 0:
+                to_draw.append((r, c))
                 continue
             walk = out.walk(r, c)
-            chosen.append(Proposal(_SOURCE_NAMES[c], walk, walk.conf, req.temperature, regime_of(req.temperature)))
-        if self.config.empirical_q:
-            self._draw(requests, chosen, texts, served, max_num_tokens)
+            chosen[r] = Proposal(_SOURCE_NAMES[c], walk, walk.conf, req.temperature, regime_of(req.temperature))
+        if to_draw:
+            self._draw(requests, chosen, texts, served, max_num_tokens, to_draw)
         return chosen
 
     def _draw(self, requests: list[DraftRequest], chosen: list[Proposal | None], texts: list[RequestText],
-              served: list[SuffixIndex | None], max_num_tokens: int) -> None:
-        """Replace the chosen proposal of every T > 0 request by a draft drawn from the same source's q (one
-        native call for the batch). The choice above was made from the deterministic walks: nothing drawn here
-        can change which source drafts or whether it drafts."""
-        rows = [r for r, (req, p) in enumerate(zip(requests, chosen)) if p is not None and req.temperature > 0]
-        if not rows:
-            return
-        sources = [_SOURCE_NAMES.index(chosen[r].source) for r in rows]  # type: ignore[union-attr]
+              served: list[SuffixIndex | None], max_num_tokens: int, to_draw: list[tuple[int, int]]) -> None:
+        """The proposal of request r drawn from source c's q, for every (r, c) of `to_draw` (one native call for
+        the batch). The sources were chosen from the deterministic walks before: nothing drawn here can change
+        which source drafts or whether it drafts."""
+        rows = [r for r, _ in to_draw]
+        sources = [c for _, c in to_draw]
         tables = [self._cells(_SOURCE_NAMES[s], "empirical") for s in sources]
         uniforms = np.stack([self._rng(requests[r].request_id).random(max_num_tokens, dtype=np.float32)
                              for r in rows])
         out = sample_batch([texts[r] for r in rows], self.index, [served[r] for r in rows], self.config.walk,
                            max_num_tokens, sources, tables, uniforms, self._sampled, self._work)
         self._sampled = out
-        for j, r in enumerate(rows):
-            walk = out.walk(j)
-            chosen[r] = Proposal(_SOURCE_NAMES[sources[j]], walk, walk.conf, requests[r].temperature, "empirical") \
-                if walk.tokens else None
+        for r, c, walk in zip(rows, sources, out.walks(len(rows))):
+            if walk.tokens:
+                chosen[r] = Proposal(_SOURCE_NAMES[c], walk, walk.conf, requests[r].temperature, "empirical")
 
     def _rng(self, request_id: str) -> np.random.Generator:
         rng = self._rngs.get(request_id)
@@ -251,9 +251,7 @@ class SuffixDrafter:
         if proposal is None:
             return SparseQ.point_masses([])
         w = proposal.walk
-        if w.q_tokens is None or w.q_probs is None:
-            return SparseQ.point_masses(w.tokens)
-        return SparseQ(torch.from_numpy(w.q_tokens.astype(np.int64)), torch.from_numpy(w.q_probs))
+        return w.q if w.q is not None else SparseQ.point_masses(w.tokens)
 
     def propose(self, requests: list[DraftRequest], max_num_tokens: int) -> DraftOutput:
         t0 = time.perf_counter()
@@ -275,7 +273,7 @@ class SuffixDrafter:
             confidences.append(best.conditional)
             sources.append(best.source)
         probs = None
-        if any(p is not None and p.walk.q_tokens is not None for p in proposals):  # some were drawn from q
+        if any(p is not None and p.walk.q is not None for p in proposals):  # some were drawn from q
             probs = [self.q_rows(p) for p in proposals]
         self.propose_ms = (time.perf_counter() - t0) * 1e3
         return DraftOutput(tokens=tokens, probs=probs, confidences=confidences, sources=sources,
@@ -298,10 +296,7 @@ class SuffixDrafter:
                 self._num_live += min(n_ver, n_acc + 1)
         if self._num_live >= self.config.live_refresh_every:
             self._num_live = 0
-            for by_source in self.calibration.tables.values():
-                for table in by_source.values():
-                    table._table = None
-            self._tables = {}  # re-read (and re-frozen) at the next round
+            self._tables = {}  # re-read at the next round; the tables that took outcomes re-freeze (add() unfroze)
 
     def source_stats(self) -> dict[str, dict]:
         return {s: asdict(v) for s, v in self.stats.items()}

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from dspark.kernels import suffix_native
+from dspark.models.drafters.base import SparseQ
 
 log = logging.getLogger(__name__)
 
@@ -54,16 +55,15 @@ class WalkParams:
 class Walk:
     """One proposal: k tokens and, per token, its conditional frequency, support and context length, and
     its survival c_k read from the calibration table the walk was given (the raw frequency without one).
-    A sampled walk (`sample_batch`) also carries q per step: `q_tokens` / `q_probs` (k, max_q), unused slots
-    -1 / 0, and its `freq` is q's largest probability (what the calibration reads; never the drawn token's)."""
+    A sampled walk (`sample_batch`) also carries q per step (`q`: ids and probabilities, k × max_q, unused slots
+    -1 / 0), and its `freq` is q's largest probability (what the calibration reads; never the drawn token's)."""
 
     tokens: list[int]
     freq: list[float]
     count: list[int]
     match: list[int]
     conf: list[float]
-    q_tokens: np.ndarray | None = None
-    q_probs: np.ndarray | None = None
+    q: SparseQ | None = None
 
     @staticmethod
     def empty() -> Walk:
@@ -309,11 +309,13 @@ class SampledWalks:
         self.ptrs = tuple(a.ctypes.data for a in (self.tokens, self.freq, self.count, self.match, self.conf, self.k,
                                                   self.q_tokens, self.q_probs))
 
-    def walk(self, r: int) -> Walk:
-        k = int(self.k[r])
-        return Walk(self.tokens[r, :k].tolist(), self.freq[r, :k].tolist(), self.count[r, :k].tolist(),
-                    self.match[r, :k].tolist(), self.conf[r, :k].tolist(), self.q_tokens[r, :k].copy(),
-                    self.q_probs[r, :k].copy())
+    def walks(self, n: int) -> list[Walk]:
+        """The walks of the first `n` requests (each field converted once for all of them)."""
+        q_tokens = self.q_tokens[:n].astype(np.int64)  # copies: the buffers are reused next round
+        q_probs = self.q_probs[:n].copy()
+        fields = [a[:n].tolist() for a in (self.tokens, self.freq, self.count, self.match, self.conf)]
+        return [Walk(*(f[r][:k] for f in fields), q=SparseQ(q_tokens[r, :k], q_probs[r, :k]))
+                for r, k in enumerate(self.k[:n].tolist())]
 
 
 def sample_batch(texts: list[RequestText], index: SuffixIndex | None, served: list[SuffixIndex | None],
