@@ -23,8 +23,9 @@ Off by default (`measured_token_cost`), because it lost where it was meant to wi
 `hybrid-profilecost`): the fit found 1.05 ms per token at batch 32 and 0.71 at batch 8, Algorithm 1 verified
 0.39 tokens a request at batch 32 instead of 1.06, and the steady state fell from 1.05× to 0.99× target-only
 (batch 8: 1.22× to 1.18×; batch 1: 1.86× to 1.94×, up). So the tokens of survival ~0.3–0.5 that the
-profile's cheaper slope lets through did pay: either their survival is underestimated, or the line's slope
-(excess time against verified tokens, across rounds) is not the cost of one more token. Which, is open.
+profile's cheaper slope lets through did pay. Their survival is over-confident at batch 32, not under
+(`scripts/survival_vs_acceptance.py`), so the suspect is the line's slope: excess time against verified
+tokens across rounds, which is not the cost of one more token within a round. Open.
 """
 
 from __future__ import annotations
