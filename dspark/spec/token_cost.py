@@ -24,8 +24,14 @@ Off by default (`measured_token_cost`), because it lost where it was meant to wi
 0.39 tokens a request at batch 32 instead of 1.06, and the steady state fell from 1.05× to 0.99× target-only
 (batch 8: 1.22× to 1.18×; batch 1: 1.86× to 1.94×, up). So the tokens of survival ~0.3–0.5 that the
 profile's cheaper slope lets through did pay. Their survival is over-confident at batch 32, not under
-(`scripts/survival_vs_acceptance.py`), so the suspect is the line's slope: excess time against verified
-tokens across rounds, which is not the cost of one more token within a round. Open.
+(`scripts/survival_vs_acceptance.py`). The cause was the table's plain time: `scripts/token_cost_within_round.py`
+timed the forward of 32 one-token requests at 77 ms against the profile's 60 for 32 tokens in chunks of 8
+(32 contexts read, not 4), and one more token at 0.81 ms within a round in either shape. Algorithm 1 weighs a
+token by slope ÷ plain time: the profile's 0.6 / 55 and the real 0.81 / 77 are both ~1.1 % a token, while the
+measured slope on the profile's plain time made it 1.9 %. The table now takes the plain time from the fit's
+intercept too. Second A/B (`bench_decode_token_cost_ab2.json`, same command, arms `hybrid-tokencost` and
+`hybrid`): batch 1 1.91× vs 1.86×, batch 8 steady 1.28× vs 1.25×, batch 32 steady 1.03× vs 1.04×; within the
+run-to-run spread, so it stays off.
 """
 
 from __future__ import annotations
@@ -51,15 +57,16 @@ class _Fit:
         self.y, self.xy = decay * self.y + y, decay * self.xy + x * y
         self.rounds += 1
 
-    def slope(self, min_rounds: int, min_spread: float) -> float | None:
-        """m of the weighted line, or None while the rounds are too few or their ℓ too alike to fit on."""
+    def line(self, min_rounds: int, min_spread: float) -> tuple[float, float] | None:
+        """(c, m) of the weighted line, or None while the rounds are too few or their ℓ too alike to fit on."""
         if self.rounds < min_rounds or self.w <= 0:
             return None
-        var_x = self.xx / self.w - (self.x / self.w) ** 2
+        mean_x, mean_y = self.x / self.w, self.y / self.w
+        var_x = self.xx / self.w - mean_x ** 2
         if var_x < min_spread:
             return None
-        cov = self.xy / self.w - (self.x / self.w) * (self.y / self.w)
-        return cov / var_x
+        m = (self.xy / self.w - mean_x * mean_y) / var_x
+        return mean_y - m * mean_x, m
 
 
 def band_of(batch_size: int) -> int:
@@ -88,25 +95,38 @@ class TokenCost:
 
     def slope_ms(self, batch_size: int, profile: SPSTable) -> tuple[float, bool]:
         """(ms per verified token at `batch_size`, whether it is measured rather than the profile's)."""
-        span = max(8, batch_size)
-        prof = max(1e-6, (profile.step_time_ms_at(batch_size + span) - profile.step_time_ms_at(batch_size)) / span)
-        fit = self._fits.get(band_of(batch_size))
-        measured = fit.slope(self.min_rounds, self.min_spread) if fit is not None else None
-        if measured is None:
+        line = self._line(batch_size)
+        prof = self._profile_slope(batch_size, profile)
+        if line is None:
             return prof, False
         lo, hi = self.clamp
-        return min(max(measured, lo * prof), hi * prof), True
+        return min(max(line[1], lo * prof), hi * prof), True
 
     def table(self, batch_size: int, profile: SPSTable) -> SPSTable:
-        """The step-time table Algorithm 1 schedules a round of `batch_size` requests on: the profile's plain
-        time at B tokens, the measured slope past it (the profile itself while nothing is measured)."""
-        slope, measured = self.slope_ms(batch_size, profile)
-        if not measured:
+        """The step-time table Algorithm 1 schedules a round of `batch_size` requests on: the measured plain
+        time at B tokens (the profile's plus the line's intercept) and the measured slope past it; the profile
+        itself while nothing is measured. Both ends measured: Algorithm 1 weighs a token by the slope RELATIVE to
+        the plain time, and a real round's plain time exceeds the profile's (32 one-token requests read 32
+        contexts where the profile's chunks read 4), so a measured slope on the profile's plain time overprices
+        every token."""
+        line = self._line(batch_size)
+        if line is None:
             return profile
-        base = profile.step_time_ms_at(batch_size)
+        slope, _ = self.slope_ms(batch_size, profile)
+        plain = profile.step_time_ms_at(batch_size)
+        base = max(0.5 * plain, plain + line[0])
         span = 64 * max(1, batch_size)
         return SPSTable([batch_size, batch_size + span], [base, base + slope * span],
-                        {**profile.meta, "measured_slope_ms": round(slope, 4)})
+                        {**profile.meta, "measured_slope_ms": round(slope, 4), "measured_plain_ms": round(base, 2)})
+
+    def _line(self, batch_size: int) -> tuple[float, float] | None:
+        fit = self._fits.get(band_of(batch_size))
+        return fit.line(self.min_rounds, self.min_spread) if fit is not None else None
+
+    @staticmethod
+    def _profile_slope(batch_size: int, profile: SPSTable) -> float:
+        span = max(8, batch_size)
+        return max(1e-6, (profile.step_time_ms_at(batch_size + span) - profile.step_time_ms_at(batch_size)) / span)
 
     def summary(self, profile: SPSTable) -> dict[str, dict]:
         """Per band (its largest batch size): the slope in use and whether it was measured (for stats)."""
