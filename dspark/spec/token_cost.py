@@ -17,21 +17,20 @@ profile's own slope (bounded by `clamp`) stands.
 
 Lossless: the table depends on past rounds' timings and sizes only, never on the tokens being verified.
 
-Off by default (`measured_token_cost`), because it lost where it was meant to win. `dspark bench decode
---drafters hybrid-tokencost,hybrid --batch-sizes 1,8,32 --waves 2 --num-threads 1 --dtype bf16` (one run,
+Off by default (`measured_token_cost`), because it lost where it was meant to win. `dspark bench decode --drafters
+hybrid-tokencost,hybrid --batch-sizes 1,8,32 --waves 2 --num-threads 1 --dtype bf16` (one run,
 `docs/results/suffix/s34/bench_decode_token_cost_ab.json`; the arms were then called `hybrid` and
-`hybrid-profilecost`): the fit found 1.05 ms per token at batch 32 and 0.71 at batch 8, Algorithm 1 verified
-0.39 tokens a request at batch 32 instead of 1.06, and the steady state fell from 1.05× to 0.99× target-only
-(batch 8: 1.22× to 1.18×; batch 1: 1.86× to 1.94×, up). So the tokens of survival ~0.3–0.5 that the
-profile's cheaper slope lets through did pay. Their survival is over-confident at batch 32, not under
-(`scripts/survival_vs_acceptance.py`). The cause was the table's plain time: `scripts/token_cost_within_round.py`
-timed the forward of 32 one-token requests at 77 ms against the profile's 60 for 32 tokens in chunks of 8
-(32 contexts read, not 4), and one more token at 0.81 ms within a round in either shape. Algorithm 1 weighs a
-token by slope ÷ plain time: the profile's 0.6 / 55 and the real 0.81 / 77 are both ~1.1 % a token, while the
-measured slope on the profile's plain time made it 1.9 %. The table now takes the plain time from the fit's
-intercept too. Second A/B (`bench_decode_token_cost_ab2.json`, same command, arms `hybrid-tokencost` and
-`hybrid`): batch 1 1.91× vs 1.86×, batch 8 steady 1.28× vs 1.25×, batch 32 steady 1.03× vs 1.04×; within the
-run-to-run spread, so it stays off.
+`hybrid-profilecost`): the fit found 1.05 ms per token at batch 32 and 0.71 at batch 8, Algorithm 1 verified 0.39
+tokens a request at batch 32 instead of 1.06, and the steady state fell from 1.05× to 0.99× target-only (batch 8:
+1.22× to 1.18×; batch 1: 1.86× to 1.94×, up). So the tokens of survival ~0.3–0.5 that the profile's cheaper slope
+lets through did pay. Their survival is over-confident at batch 32, not under (`scripts/survival_vs_acceptance.py`).
+The cause was the table's plain time: `scripts/token_cost_within_round.py` timed the forward of 32 one-token
+requests at 77 ms against the profile's 60 for 32 tokens in chunks of 8 (32 contexts read, not 4), and one more
+token at 0.81 ms within a round (0.81–0.90 in the profile's shape). Algorithm 1 weighs a token by slope ÷ plain
+time: the profile's 0.6 / 55 and the real 0.81 / 77 are both ~1.1 % a token, while the measured slope on the
+profile's plain time made it 1.9 %. The table now takes the plain time from the fit's intercept too. Second A/B
+(`bench_decode_token_cost_ab2.json`, same command, arms `hybrid-tokencost` and `hybrid`): batch 1 1.91× vs 1.86×,
+batch 8 steady 1.28× vs 1.25×, batch 32 steady 1.03× vs 1.04×; within the run-to-run spread, so it stays off.
 """
 
 from __future__ import annotations
