@@ -17,8 +17,8 @@ profile's own slope (bounded by `clamp`) stands.
 
 Lossless: the table depends on past rounds' timings and sizes only, never on the tokens being verified.
 
-Off by default (`measured_token_cost`), because it lost where it was meant to win. `dspark bench decode --drafters
-hybrid-tokencost,hybrid --batch-sizes 1,8,32 --waves 2 --num-threads 1 --dtype bf16` (one run,
+Off by default (`measured_token_cost`): its first version lost where it was meant to win. `dspark bench decode
+--drafters hybrid-tokencost,hybrid --batch-sizes 1,8,32 --waves 2 --num-threads 1 --dtype bf16` (one run,
 `docs/results/suffix/s34/bench_decode_token_cost_ab.json`; the arms were then called `hybrid` and
 `hybrid-profilecost`): the fit found 1.05 ms per token at batch 32 and 0.71 at batch 8, Algorithm 1 verified 0.39
 tokens a request at batch 32 instead of 1.06, and the steady state fell from 1.05× to 0.99× target-only (batch 8:
