@@ -138,6 +138,19 @@ def test_binned_calibration_recovers_the_acceptance_rate_per_cell_and_round_trip
     assert feature_bins(1.0, 1, 1, 1) == (9, 0, 0, 0) and feature_bins(0.0, 100, 20, 9) == (0, 6, 5, 3)
 
 
+def test_frozen_cells_are_the_estimates_cell_by_cell():
+    rng = np.random.default_rng(8)
+    cal = SourceCalibration()
+    for _ in range(3000):
+        f, n, m = float(rng.random()), int(rng.integers(1, 80)), int(rng.integers(1, 12))
+        cal.record("corpus", "greedy", [f, f], [n, n], [m, m], 2, int(rng.integers(0, 3)))
+    table = cal.table("corpus", "greedy")
+    assert table is not None
+    table.freeze()
+    cells = [(f, n, m, k) for f in range(10) for n in range(7) for m in range(6) for k in range(4)]
+    assert [table.lookup(c) for c in cells] == [table.estimate(c) for c in cells]  # the same floats
+
+
 # ---- the hybrid in the engine ---------------------------------------------------------------------------
 def self_distilled_docs(target, prompts: list[list[int]], num_new: int, temperature: float) -> list[np.ndarray]:
     """The tiny target's own continuations of `prompts` (prompt + response, as the index holds them)."""
@@ -151,7 +164,7 @@ def self_distilled_docs(target, prompts: list[list[int]], num_new: int, temperat
 def make_hybrid(target, docs: list[np.ndarray], model_ratio: float = 0.0) -> HybridDrafter:
     suffix = SuffixDrafter(SuffixIndex.build(docs), SourceCalibration(), SuffixConfig())
     model = DSparkDrafter(make_dspark(target), target)
-    return HybridDrafter(suffix, model, target.model.config.vocab_size, model_cost_ratio=model_ratio)
+    return HybridDrafter(suffix, model, model_cost_ratio=model_ratio)
 
 
 @contextmanager

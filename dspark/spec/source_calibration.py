@@ -70,23 +70,22 @@ class SourceTable:
             c[1] += 1.0
         self._table = None
 
+    def _shrunk(self, key: str, prior: float) -> float:
+        """Bin `key`'s rate shrunk toward its parent's estimate `prior` by `prior_weight` pseudo-trials."""
+        s, t = self.counts.get(key, (0.0, 0.0))
+        return (s + self.prior_weight * prior) / (t + self.prior_weight)
+
     def estimate(self, bins: tuple[int, int, int, int]) -> float:
         est = 0.5
         for key in self._keys(bins):
-            s, t = self.counts.get(key, (0.0, 0.0))
-            est = (s + self.prior_weight * est) / (t + self.prior_weight)
+            est = self._shrunk(key, est)
         return est
 
     def freeze(self) -> None:
         """Precompute every cell's estimate (lookups in the proposer are then one list index). Level by level,
         each bin shrunk toward its parent once, in `estimate`'s order of operations (the same floats): a live
         refresh re-freezes while serving, and cell by cell took ~5 ms a table."""
-        counts, w = self.counts, self.prior_weight
-
-        def shrunk(key: str, prior: float) -> float:
-            s, t = counts.get(key, (0.0, 0.0))
-            return (s + w * prior) / (t + w)
-
+        shrunk = self._shrunk
         table: list[float] = []
         root = shrunk("", 0.5)
         for f in range(_NUM_F):

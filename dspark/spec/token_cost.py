@@ -95,11 +95,16 @@ class TokenCost:
     def slope_ms(self, batch_size: int, profile: SPSTable) -> tuple[float, bool]:
         """(ms per verified token at `batch_size`, whether it is measured rather than the profile's)."""
         line = self._line(batch_size)
-        prof = self._profile_slope(batch_size, profile)
+        return self._slope(line, batch_size, profile), line is not None
+
+    def _slope(self, line: tuple[float, float] | None, batch_size: int, profile: SPSTable) -> float:
+        """The line's slope clamped to `clamp` × the profile's; the profile's without a line."""
+        span = max(8, batch_size)
+        prof = max(1e-6, (profile.step_time_ms_at(batch_size + span) - profile.step_time_ms_at(batch_size)) / span)
         if line is None:
-            return prof, False
+            return prof
         lo, hi = self.clamp
-        return min(max(line[1], lo * prof), hi * prof), True
+        return min(max(line[1], lo * prof), hi * prof)
 
     def table(self, batch_size: int, profile: SPSTable) -> SPSTable:
         """The step-time table Algorithm 1 schedules a round of `batch_size` requests on: the measured plain
@@ -111,7 +116,7 @@ class TokenCost:
         line = self._line(batch_size)
         if line is None:
             return profile
-        slope, _ = self.slope_ms(batch_size, profile)
+        slope = self._slope(line, batch_size, profile)
         plain = profile.step_time_ms_at(batch_size)
         base = max(0.5 * plain, plain + line[0])
         span = 64 * max(1, batch_size)
@@ -121,11 +126,6 @@ class TokenCost:
     def _line(self, batch_size: int) -> tuple[float, float] | None:
         fit = self._fits.get(band_of(batch_size))
         return fit.line(self.min_rounds, self.min_spread) if fit is not None else None
-
-    @staticmethod
-    def _profile_slope(batch_size: int, profile: SPSTable) -> float:
-        span = max(8, batch_size)
-        return max(1e-6, (profile.step_time_ms_at(batch_size + span) - profile.step_time_ms_at(batch_size)) / span)
 
     def summary(self, profile: SPSTable) -> dict[str, dict]:
         """Per band (its largest batch size): the slope in use and whether it was measured (for stats)."""

@@ -54,11 +54,10 @@ class HybridDrafter:
 
     name = "hybrid"
 
-    def __init__(self, suffix: SuffixDrafter, model: FeatureDrafter | None = None, vocab_size: int | None = None,
+    def __init__(self, suffix: SuffixDrafter, model: FeatureDrafter | None = None,
                  model_cost_ratio: float | None = None) -> None:
         self.suffix = suffix
         self.feature_drafter = model
-        self.vocab_size = vocab_size
         self.hidden_layers: tuple[int, ...] = tuple(getattr(model, "hidden_layers", ())) if model else ()
         self.block_size = getattr(model, "block_size", 7)
         self._fixed_ratio = model_cost_ratio  # tests and what-ifs: C(k) = ratio · R; None: measured
@@ -89,7 +88,7 @@ class HybridDrafter:
                 model = DSparkDrafter.from_pretrained(ckpt, target)
             except (OSError, ValueError) as exc:
                 log.warning("hybrid drafter without DSpark (%s): suffix sources only", exc)
-        return cls(suffix, model, target.model.config.vocab_size)
+        return cls(suffix, model)
 
     # ---- the FeatureDrafter interface ------------------------------------------------------------
     def observe(self, request_id: str, features: torch.Tensor) -> None:

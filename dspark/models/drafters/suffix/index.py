@@ -266,14 +266,9 @@ def propose_batch(texts: list[RequestText], index: SuffixIndex | None, served: l
     n = len(texts)
     if out is None or out.num_requests < n or out.max_tokens != max_tokens:
         out = BatchWalks(max(n, 2 * (out.num_requests if out else 0), 8), max_tokens)
-    for r, (t, cells, s) in enumerate(zip(texts, tables, served)):
-        out.seq_ptrs[r] = t.ptr
-        out.seq_lens[r] = t.length
+    _point_at(out, texts, served)
+    for r, cells in enumerate(tables):
         out.tables[3 * r:3 * r + 3] = cells
-        if s is not None and len(s.sa):
-            out.served[4 * r:4 * r + 4] = (s._text_ptr, len(s.text), s._sa_ptr, len(s.sa))
-        else:
-            out.served[4 * r + 3] = 0
     lib = suffix_native.required()
     has_index = index is not None and len(index.sa) > 0
     lib.propose_batch(n, out.seq_ptrs.ctypes.data, out.seq_lens.ctypes.data,
@@ -284,6 +279,18 @@ def propose_batch(texts: list[RequestText], index: SuffixIndex | None, served: l
                       params.min_path_prob, params.num_samples, params.max_occurrences, work.ctypes.data,
                       int(use[0]), int(use[1]), int(use[2]), out.tables.ctypes.data, *out.ptrs)
     return out
+
+
+def _point_at(out: BatchWalks | SampledWalks, texts: list[RequestText], served: list[SuffixIndex | None]) -> None:
+    """Request r's text (address, length) and its served index (text, length, sa, length; a zero length:
+    none) into the buffers a native batch call reads."""
+    for r, (t, s) in enumerate(zip(texts, served)):
+        out.seq_ptrs[r] = t.ptr
+        out.seq_lens[r] = t.length
+        if s is not None and len(s.sa):
+            out.served[4 * r:4 * r + 4] = (s._text_ptr, len(s.text), s._sa_ptr, len(s.sa))
+        else:
+            out.served[4 * r + 3] = 0
 
 
 class SampledWalks:
@@ -328,13 +335,7 @@ def sample_batch(texts: list[RequestText], index: SuffixIndex | None, served: li
     max_q = max(1, min(64, params.max_q))
     if out is None or out.num_requests < n or out.max_tokens != max_tokens or out.max_q != max_q:
         out = SampledWalks(max(n, 2 * (out.num_requests if out else 0), 8), max_tokens, max_q)
-    for r, (t, s) in enumerate(zip(texts, served)):
-        out.seq_ptrs[r] = t.ptr
-        out.seq_lens[r] = t.length
-        if s is not None and len(s.sa):
-            out.served[4 * r:4 * r + 4] = (s._text_ptr, len(s.text), s._sa_ptr, len(s.sa))
-        else:
-            out.served[4 * r + 3] = 0
+    _point_at(out, texts, served)
     out.sources[:n] = sources
     out.tables[:n] = tables
     out.uniforms[:n] = uniforms
