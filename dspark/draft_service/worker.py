@@ -8,6 +8,7 @@ device, so nothing but the per-step messages crosses between the two.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from typing import Any
@@ -22,6 +23,8 @@ from dspark.draft_service.service import DraftService, DraftSpan, serve_channel
 from dspark.kernels import omp_teams
 from dspark.models.drafters.registry import make_drafter
 from dspark.models.target.loader import load_target
+
+log = logging.getLogger(__name__)
 
 
 class DraftWorker:
@@ -67,6 +70,7 @@ class DraftWorker:
         try:
             serve_channel(channel, self.service, link)
         except Exception as exc:  # noqa: BLE001 - surfaced through stats() and is_alive()
+            log.warning("draft link %d broke (%r): its verify partner's requests are forgotten here", link, exc)
             if not set(self.links) - {link}:  # no other link works: this worker is broken until re-paired
                 self.error = repr(exc)
         finally:

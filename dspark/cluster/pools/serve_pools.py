@@ -44,6 +44,7 @@ from dspark.verify_service.worker import VerifyWorker
 
 log = logging.getLogger(__name__)
 _REBALANCE_EVERY_S = 5.0  # how often a paired verify replica asks whether to move to another draft replica
+_PAIR_RETRY_AFTER_S = 10.0  # how long a draft replica that failed to pair is passed over
 
 HEARTBEAT_S = 2.0
 NAMESPACE = "dspark"
@@ -167,7 +168,7 @@ class VerifyReplica(VerifyWorker):
     def _pair_loop(self) -> None:
         """Pairs while unpaired; while paired, asks every few seconds whether to move to another draft
         replica (the draft pool grew, or the partner drains): the switch happens between two steps."""
-        failed: list[str] = []
+        failed: dict[str, float] = {}  # draft replica -> when pairing with it last failed
         last_rebalance = time.monotonic()
         while not self.heartbeat.is_stopped:
             state = self.pair_state()
@@ -184,13 +185,19 @@ class VerifyReplica(VerifyWorker):
                                      did)
                             self._pair_once(failed, did)
                 except Exception as exc:  # noqa: BLE001 - that draft replica is gone: another next time
-                    log.info("%s: pairing failed (%r); serving on until the next try", self.worker_id, exc)
+                    log.warning("%s: pairing failed (%r); serving on target-only until the next try",
+                                self.worker_id, exc)
             time.sleep(1.0)
 
-    def _pair_once(self, failed: list[str], did: str | None = None) -> None:
+    def _pair_once(self, failed: dict[str, float], did: str | None = None) -> None:
         if did is None:
+            # a draft replica that failed to pair is passed over for a while, not for good: with one draft
+            # replica (or a pool that failed together while busy) a permanent exclusion meant target-only
+            # for the replica's whole life
+            now = time.monotonic()
+            recent = [d for d, at in failed.items() if now - at < _PAIR_RETRY_AFTER_S]
             did = ray.get(_scheduler(self.config).assign_draft.remote(
-                self.worker_id, failed[-4:], self.config.max_verify_per_draft), timeout=10)
+                self.worker_id, recent, self.config.max_verify_per_draft), timeout=10)
         if did is None:
             return
         host, port = self.channel_address()
@@ -199,7 +206,7 @@ class VerifyReplica(VerifyWorker):
             channel = GlooChannel(host, port, 0)  # blocks until the draft replica joins
             reply.result(timeout_s=60)
         except Exception:
-            failed.append(did)
+            failed[did] = time.monotonic()
             raise
         self._reconnect = (did, channel)
         if self.async_engine is not None:
