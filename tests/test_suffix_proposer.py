@@ -323,6 +323,43 @@ def test_live_calibration_follows_the_outcomes_of_verified_proposals():
     assert later.tokens == first.tokens and later.confidences[0][0] < 0.1
 
 
+def test_the_live_shift_brings_an_overconfident_sources_survival_to_its_acceptance_and_back():
+    """Shipped tables that read 0.9 for a first token this traffic accepts half the time (thousands of shipped
+    trials, so the added counts alone barely move them): the live log-odds shift brings the survival to about
+    0.5 within a few thousand verdicts (~30 rounds of a batch of 32), and follows the traffic back up when it
+    changes."""
+    docs = [np.array([1, 2, 3, 4, 5, 6], dtype=np.int32)] * 50
+    walk = SuffixIndex.build(docs).walk(np.array([9, 1, 2], dtype=np.int32), 3, WalkParams())
+    shipped = SourceCalibration()
+    for _ in range(20_000):  # position 1 survives 90 % of the time in the shipped data
+        shipped.record("corpus", "greedy", walk.freq, walk.count, walk.match, 1, int(np.random.rand() < 0.9))
+    rng = np.random.default_rng(0)
+
+    def run(drafter: SuffixDrafter, acceptance: float, rounds: int) -> float:
+        for _ in range(rounds):
+            drafter.propose([DraftRequest("r", [9, 1, 2], 0.0)], 3)
+            drafter.feedback(["r"], [1], [int(rng.random() < acceptance)])
+        return drafter.propose([DraftRequest("r", [9, 1, 2], 0.0)], 3).confidences[0][0]
+
+    def fresh(rate: float) -> SuffixDrafter:
+        cal = SourceCalibration.from_dict(shipped.to_dict())
+        return SuffixDrafter(SuffixIndex.build(docs), cal, SuffixConfig(sources=("corpus",), live_bias_rate=rate))
+
+    assert fresh(0.005).propose([DraftRequest("r", [9, 1, 2], 0.0)], 3).confidences[0][0] == pytest.approx(0.9,
+                                                                                                           abs=0.02)
+    without = run(fresh(0.0), 0.5, 3000)
+    drafter = fresh(0.005)
+    shifted = run(drafter, 0.5, 3000)
+    assert without > 0.85  # the counts alone: still over-confident by ~0.4
+    assert abs(shifted - 0.5) < 0.1, shifted
+    assert run(drafter, 0.9, 3000) > 0.8  # the traffic changed back
+    # the shift is what the native walk reads too: its cells are re-read once the shift moved by 0.02 in
+    # log-odds (live_bias_refresh), so they agree with the current survival to within that
+    w = drafter.last["r"].walk
+    assert w.conf == pytest.approx(drafter.calibration.conditional("corpus", "greedy", w.freq, w.count, w.match),
+                                   abs=0.005)
+
+
 def test_served_text_joins_its_tenants_index_only_and_old_text_is_evicted():
     from dspark.models.drafters.suffix.served import ServedConfig, ServedText
 

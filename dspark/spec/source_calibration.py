@@ -11,6 +11,13 @@ back-off to coarser bins where a cell is thin (each level shrinks toward its par
 pseudo-trials). Binning is a histogram calibrator: within each cell the estimate IS the observed rate,
 which is what drives the ECE of the survival products a_k = Π c_i down.
 
+Live use adds a recency correction: a deployment's traffic is not the held-out prompts (on the bench prompts
+at batch 32 the corpus source's survival read 8.6 points above its acceptance), and the shipped counts are so
+many that verified outcomes added to them move a cell slowly. So each (source, regime) also keeps a shift b of
+its survival's log-odds, c' = σ(logit(c) + b), learned online from the verdicts: b += η Σ_k (y_k − c'_k) over
+the positions verified, a stochastic gradient step on the log-loss of that one parameter (calibration in the
+large, with an effective memory of about 1 / (η c(1 − c)) verdicts).
+
 Lossless use: c_k depends on the context and on a deterministic draft (the walk has no randomness), so
 a scheduler or source choice fed by it never lets a sampled token decide its own verification (the
 paper's Appendix A concerns sampled drafts). For an "empirical" draft c_k is read from q_k's shape, which
@@ -21,8 +28,11 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import numpy as np
 
 SOURCES = ("request", "corpus", "served")
 # a source without tables of its own starts from another's (the deployment's served text reads like the corpus)
@@ -32,6 +42,7 @@ REGIMES = ("greedy", "sampled", "empirical")
 # the deterministic draft of the same q's mode does, so the point-mass tables are a conservative start
 PRIOR_REGIME = {"empirical": "sampled"}
 _NUM_F, _NUM_N, _NUM_M, _NUM_K = 10, 7, 6, 4
+MAX_BIAS = 3.0  # |b| in log-odds: a shift past it would mean the tables describe nothing of this traffic
 
 
 def regime_of(temperature: float, empirical: bool = False) -> str:
@@ -113,6 +124,7 @@ class SourceCalibration:
 
     def __init__(self, tables: dict[str, dict[str, SourceTable]] | None = None) -> None:
         self.tables = tables or {}
+        self.bias: dict[tuple[str, str], float] = {}  # (source, regime) -> live log-odds shift (module doc)
 
     def table(self, source: str, regime: str) -> SourceTable | None:
         return self.tables.get(regime, {}).get(source)
@@ -135,27 +147,35 @@ class SourceCalibration:
             return None
         if table._table is None:
             table.freeze()
-        return table._table
+        return _shifted(table._table, self.bias.get((source, regime), 0.0))
 
     def conditional(self, source: str, regime: str, freq: list[float], count: list[int],
                     match: list[int]) -> list[float]:
         table = self._resolved(source, regime)
         if table is None:
             return [min(0.99, max(0.01, f)) for f in freq]
-        return [table.lookup(feature_bins(f, n, m, k + 1)) for k, (f, n, m) in enumerate(zip(freq, count, match))]
+        return _shifted([table.lookup(feature_bins(f, n, m, k + 1)) for k, (f, n, m) in
+                         enumerate(zip(freq, count, match))], self.bias.get((source, regime), 0.0))
 
     def record(self, source: str, regime: str, freq: list[float], count: list[int], match: list[int],
-               num_verified: int, num_accepted: int) -> None:
+               num_verified: int, num_accepted: int, predicted: Sequence[float] | None = None,
+               bias_rate: float = 0.0) -> None:
         """One verified proposal: position k (0-based) is a trial when it was verified and 0..k-1 were accepted;
         a success when it was accepted too. A table new to (source, regime) starts from the counts of what
-        spoke for it until now (`_resolved`), then learns its own."""
+        spoke for it until now (`_resolved`), then learns its own. With `predicted` (the survival c_k the
+        proposal carried) and `bias_rate` η > 0, the live log-odds shift of (source, regime) learns too."""
+        trials = min(num_verified, num_accepted + 1, len(freq))
+        if predicted is not None and bias_rate > 0 and trials > 0:
+            step = bias_rate * sum(float(k < num_accepted) - predicted[k] for k in range(trials))
+            b = self.bias.get((source, regime), 0.0) + step
+            self.bias[(source, regime)] = max(-MAX_BIAS, min(MAX_BIAS, b))
         by_source = self.tables.setdefault(regime, {})
         if source not in by_source:
             prior = self._resolved(source, regime)
             by_source[source] = SourceTable({k: list(v) for k, v in prior.counts.items()} if prior else {},
                                             prior.prior_weight if prior else 4.0)
         table = by_source[source]
-        for k in range(min(num_verified, num_accepted + 1, len(freq))):
+        for k in range(trials):
             table.add(feature_bins(freq[k], count[k], match[k], k + 1), k < num_accepted)
 
     def to_dict(self) -> dict:
@@ -176,3 +196,11 @@ class SourceCalibration:
     @classmethod
     def load(cls, path: Path) -> SourceCalibration:
         return cls.from_dict(json.loads(path.read_text()))
+
+
+def _shifted(cells: list[float], bias: float) -> list[float]:
+    """σ(logit(c) + bias) of every c (the cells themselves when there is no shift)."""
+    if bias == 0.0:
+        return cells
+    c = np.clip(np.asarray(cells, dtype=np.float64), 1e-6, 1 - 1e-6)
+    return (1.0 / (1.0 + np.exp(-(np.log(c / (1.0 - c)) + bias)))).tolist()

@@ -96,6 +96,11 @@ class SuffixConfig:
     # own traffic (the tables depend on past rounds only: lossless); cells are re-read every N outcomes
     live_calibration: bool = True
     live_refresh_every: int = 2048
+    # and each source's survival is shifted in log-odds toward its recent acceptance (source_calibration.py):
+    # η of that online step (0: off); the native walk re-reads a source's cells once the shift moved by
+    # live_bias_refresh
+    live_bias_rate: float = 0.005
+    live_bias_refresh: float = 0.02
     # the outputs this deployment serves, indexed per tenant (suffix/served.py); share_served: one store for
     # every tenant (only where tenants may learn from each other's text: acceptance timing reveals it)
     served: ServedConfig = field(default_factory=ServedConfig)
@@ -127,7 +132,8 @@ class SuffixDrafter:
         self.config = config or SuffixConfig()
         self.explore = explore  # calibration runs: alternate the sources so both get verified
         self._texts: dict[str, RequestText] = {}
-        self._tables: dict[tuple[str, str], tuple[np.ndarray | None, int]] = {}
+        # (source, regime) -> (cells as float32, their address, the live shift they were read with)
+        self._tables: dict[tuple[str, str], tuple[np.ndarray | None, int, float]] = {}
         self._batch: BatchWalks | None = None
         self._sampled: SampledWalks | None = None
         self._rngs: dict[str, np.random.Generator] = {}  # request id -> the draws of its sampled drafts
@@ -172,7 +178,8 @@ class SuffixDrafter:
             cells = self.calibration.cells(source, regime)
             array = None if cells is None else np.asarray(cells, dtype=np.float32)
             # the array stays referenced beside its address (numpy's .ctypes.data costs microseconds a call)
-            entry = self._tables[key] = (array, array.ctypes.data if array is not None else 0)
+            entry = self._tables[key] = (array, array.ctypes.data if array is not None else 0,
+                                         self.calibration.bias.get(key, 0.0))
         return entry[1]
 
     def choose_batch(self, requests: list[DraftRequest], max_num_tokens: int) -> list[Proposal | None]:
@@ -292,11 +299,17 @@ class SuffixDrafter:
                 s.accepted_by_position[k] += 1
             if self.config.live_calibration and not self.explore:
                 w = p.walk
-                self.calibration.record(p.source, p.regime, w.freq, w.count, w.match, n_ver, n_acc)
+                self.calibration.record(p.source, p.regime, w.freq, w.count, w.match, n_ver, n_acc,
+                                        predicted=p.conditional, bias_rate=self.config.live_bias_rate)
                 self._num_live += min(n_ver, n_acc + 1)
         if self._num_live >= self.config.live_refresh_every:
             self._num_live = 0
             self._tables = {}  # re-read at the next round; the tables that took outcomes re-freeze (add() unfroze)
+        elif self.config.live_bias_rate > 0:  # a shift that moved: that source's cells re-read (~0.1 ms)
+            bias = self.calibration.bias
+            for key in [k for k, e in self._tables.items()
+                        if abs(bias.get(k, 0.0) - e[2]) >= self.config.live_bias_refresh]:
+                del self._tables[key]
 
     def source_stats(self) -> dict[str, dict]:
         return {s: asdict(v) for s, v in self.stats.items()}
