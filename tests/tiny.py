@@ -57,6 +57,19 @@ def tiny_sps_path(target_dir: Path | str) -> str | None:
     return str(path) if path.exists() else None
 
 
+def pinned_sps_file() -> str:
+    """TEST_SPS as a file for any target (written once per process): engine tests on the real SmolLM2 whose
+    point is what verification does, not whether this CPU's profile makes verifying pay (on the AVX-512 EPYC
+    its bf16 profile rightly verified none of prompt lookup's tokens under Algorithm 1)."""
+    import os
+    import tempfile
+
+    path = Path(tempfile.gettempdir()) / f"dspark-test-sps-{os.getpid()}.json"
+    if not path.exists():
+        SPSTable(*TEST_SPS).save(path)
+    return str(path)
+
+
 def greedy_texts(target, prompts: list[list[int]], max_tokens: int) -> list[str]:  # noqa: ANN001
     """What a fault-free single-process target-only engine answers at T=0 (EOS ignored), as text."""
     from dspark.config.engine import EngineConfig
