@@ -17,12 +17,10 @@ import torch
 
 from dspark.config.engine import EngineConfig
 from dspark.models.target.loader import load_target
+from dspark.prompts.eval_sets import mixed_prompts
 from dspark.verify_service.engine import Engine
 from dspark.verify_service.request import SamplingParams
 
-TEXTS = ["Write a Python function that returns the n-th Fibonacci number and explain it.",
-         "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many?",
-         "Tell me about the history of the Roman empire in a few paragraphs."]
 ARMS = {"none": {"drafter": "none"},
         "ngram-k0": {"drafter": "ngram"},
         "suffix-k0": {"drafter": "suffix", "drafter_kwargs": {"sources": ["request", "corpus"]}},
@@ -38,12 +36,10 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     target = load_target("smollm2-135m-instruct", "cpu", "fp32")
-    tok = target.tokenizer
-    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": TEXTS[i % len(TEXTS)]}],
-                                                  add_generation_prompt=True, tokenize=False))
-               for i in range(args.batch)]
+    # the shared eval sets' prompts, round-robin over the domains (as `bench decode` takes them)
+    prompts = [p for _, p in mixed_prompts(target.tokenizer, args.batch, max_prompt_tokens=300)]
     engines = {name: Engine(EngineConfig(target="smollm2-135m-instruct", dtype="fp32", scheduler="fixed",
-                                         scheduler_kwargs={"k": 0}, max_num_seqs=args.batch, max_model_len=1024,
+                                         scheduler_kwargs={"k": 0}, max_num_seqs=args.batch, max_model_len=512,
                                          draft_gate=False, num_threads=args.threads, **kw), target=target)
                for name, kw in ARMS.items()}
     step_ms: dict[str, list[float]] = {name: [] for name in ARMS}
