@@ -43,12 +43,13 @@ class _TensorSlot:
 
 
 def pack(message: Any) -> tuple[Any, list[torch.Tensor]]:
-    """Replace every tensor by a slot; returns (skeleton, tensors in slot order)."""
+    """Replace every tensor by a slot; returns (skeleton, tensors in slot order), in host memory: the channels
+    carry bytes between processes (gloo's point-to-point ops take CPU tensors), and the receiver places them."""
     tensors: list[torch.Tensor] = []
 
     def walk(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
-            tensors.append(x.detach().contiguous())
+            tensors.append(x.detach().cpu().contiguous())
             return _TensorSlot(len(tensors) - 1, x.dtype, tuple(x.shape))
         if isinstance(x, dict):
             return {k: walk(v) for k, v in x.items()}

@@ -283,7 +283,8 @@ class TargetRunner:
                     q_grouped[lo:hi], k_all[slot_lo + lo:], v_all[slot_lo + lo:], attn_mask=group_mask,
                     scale=self.scale))
             attn = parts[0] if len(parts) == 1 else torch.cat(parts)
-            attn = attn.view(num_rows, self.num_heads, q_max, hd).transpose(1, 2).reshape(num_rows * q_max, nq)
+            # reshape, not view: CUDA's SDPA kernels return (R, H, q_max, hd) laid out as (R, q_max, H, hd)
+            attn = attn.reshape(num_rows, self.num_heads, q_max, hd).transpose(1, 2).reshape(num_rows * q_max, nq)
             if pad_idx is not None:
                 attn = attn[pad_idx]  # (T, H*hd)
             x = attention_out_and_mlp(layer, x, attn, kernel, self.eps, self.activation)
