@@ -77,15 +77,7 @@ def _verify_replica_account() -> dict:
                                            "draft_rounds": len(st.get("draft_timeline", []))}
 
 
-# Known bug (sessions 34-35, issue 28's note): intermittently (about 1 run in 3 here when tests/test_families.py
-# runs first; every run on the AMX Xeon) the served Qwen3-MoE drafter's tokens are verified, 4 a step, and every
-# one is rejected, although the same checkpoint's held-out τ is 2.04 and the answers stay lossless. The failure
-# message carries the verify replica's account; not fixed yet, so this case does not fail the suite.
-_MOE_DRAFTS_REJECTED = pytest.mark.xfail(reason="served Qwen3-MoE drafts intermittently all rejected (known bug)",
-                                         strict=False)
-
-
-@pytest.mark.parametrize("kind", ["qwen3", pytest.param("qwen3_moe", marks=_MOE_DRAFTS_REJECTED)])
+@pytest.mark.parametrize("kind", ["qwen3", "qwen3_moe"])
 def test_a_drafter_trained_for_the_target_serves_it_through_serve_to_the_openai_client(
         kind, tiny_target_dir, tmp_path):
     target_dir = make_family_dir(kind, tmp_path / kind, tiny_target_dir)
@@ -117,13 +109,18 @@ def test_a_drafter_trained_for_the_target_serves_it_through_serve_to_the_openai_
         assert [a.choices[0].text for a in answers] == expected  # lossless through the served drafter
         assert all(a.usage.completion_tokens == NUM_NEW for a in answers)
         # its drafts are verified and used: the first requests may run target-only while the verify replica
-        # pairs with its draft partner (readiness admits target-only by design), so ask until they are
+        # pairs with its draft partner (readiness admits target-only by design), so ask until they are, over
+        # every prompt: a drafter of held-out τ ~2 still has prompts it never gets right (session 36 found
+        # this case's intermittent failure to be just that: pairing came after the three answers, and the
+        # prompt asked again was the one this Qwen3-MoE drafter drafts wrong every time, identically in runs
+        # that passed)
         stats = [a.model_extra["dspark"] for a in answers]
         deadline = time.monotonic() + 60
         while sum(st["num_accepted"] for st in stats) == 0 and time.monotonic() < deadline:
-            again = client.completions.create(model=kind, prompt=PROMPTS[0], max_tokens=NUM_NEW, temperature=0,
+            i = len(stats) % len(PROMPTS)
+            again = client.completions.create(model=kind, prompt=PROMPTS[i], max_tokens=NUM_NEW, temperature=0,
                                               extra_body={"ignore_eos": True})
-            assert again.choices[0].text == expected[0]
+            assert again.choices[0].text == expected[i]
             stats.append(again.model_extra["dspark"])
         # on failure, the verify replica's own account (its draft partner, gate, recent rounds) says why
         if sum(st["num_accepted"] for st in stats) == 0:

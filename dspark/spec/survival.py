@@ -41,13 +41,22 @@ class AcceptanceTracker:
 
     _PRIOR_WEIGHT = 1.0  # pseudo-trials behind the prior
 
-    def __init__(self, max_num_positions: int, prior: float = 0.7, decay: float = 0.98) -> None:
+    def __init__(self, max_num_positions: int, prior: float = 0.7, decay: float = 0.98,
+                 idle_decay: float = 0.98) -> None:
+        """`idle_decay`: each step without a trial at a position moves its evidence that much back toward the
+        prior's single pseudo-trial. Without it, one rejected round can push an estimate low enough that the
+        scheduler never verifies that position again, and the estimate, with no new trials, never recovers:
+        the drafter would be written off for good on one bad round. With it, such a position is tried again
+        after some tens of steps (a drafter that keeps failing is probed about once per 50-200 steps)."""
         if max_num_positions < 1:
             raise ValueError(f"max_num_positions must be >= 1, got {max_num_positions}")
         if not 0.0 <= prior <= 1.0:
             raise ValueError(f"prior must be in [0, 1], got {prior}")
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay must be in (0, 1], got {decay}")
+        if not 0.0 < idle_decay <= 1.0:
+            raise ValueError(f"idle_decay must be in (0, 1], got {idle_decay}")
+        self.idle_decay = idle_decay
         self.max_num_positions = max_num_positions
         self.prior = prior
         self.decay = decay
@@ -61,7 +70,8 @@ class AcceptanceTracker:
         (it was verified and everything before it was accepted); a success iff
         j < num_accepted[r]. Positions beyond ``max_num_positions`` are not tracked. Only
         positions with at least one trial this step decay, so estimates for rarely drafted
-        positions do not fade into noise.
+        positions do not fade into noise; a position without a trial relaxes toward the prior instead
+        (`idle_decay`), which only depends on past steps too.
         """
         if len(num_draft) != len(num_accepted):
             raise ValueError(f"len(num_draft)={len(num_draft)} != len(num_accepted)={len(num_accepted)}")
@@ -75,6 +85,9 @@ class AcceptanceTracker:
                 step_successes[j] += int(j < accepted)
         for j in range(self.max_num_positions):
             if step_trials[j] == 0:
+                w = self._PRIOR_WEIGHT
+                self._num_trials[j] = w + self.idle_decay * (self._num_trials[j] - w)
+                self._num_successes[j] = self.prior * w + self.idle_decay * (self._num_successes[j] - self.prior * w)
                 continue
             self._num_trials[j] = self.decay * self._num_trials[j] + step_trials[j]
             self._num_successes[j] = self.decay * self._num_successes[j] + step_successes[j]

@@ -62,3 +62,26 @@ def test_tracker_rejects_inconsistent_counts() -> None:
         tracker.update(num_draft=[1], num_accepted=[2])
     with pytest.raises(ValueError):
         tracker.update(num_draft=[1, 2], num_accepted=[0])
+
+
+def test_a_tracker_written_off_by_one_bad_round_tries_again() -> None:
+    """One fully rejected round drops position 0 from the prior 0.7 to 0.35; steps with nothing verified (the
+    scheduler declined) relax it back toward the prior, so the drafter is verified again, not written off."""
+    tracker = AcceptanceTracker(max_num_positions=2, prior=0.7)
+    tracker.update(num_draft=[7], num_accepted=[0])
+    low = tracker.conditional()[0]
+    assert low == pytest.approx(0.98 * 0.7 / (0.98 + 1))
+    seen = [low]
+    for _ in range(100):
+        tracker.update(num_draft=[0], num_accepted=[0])  # nothing verified this step
+        seen.append(tracker.conditional()[0])
+    assert all(b > a for a, b in zip(seen, seen[1:]))  # rises step by step
+    assert 0.6 < seen[-1] < 0.7  # most of the way back, never past the prior
+    assert tracker.conditional()[1] == pytest.approx(0.7)  # never tried: stays at the prior
+    # a drafter that keeps failing takes far longer to come back than one written off by a single round
+    stubborn = AcceptanceTracker(max_num_positions=1, prior=0.7)
+    for _ in range(200):
+        stubborn.update(num_draft=[1], num_accepted=[0])
+    for _ in range(100):
+        stubborn.update(num_draft=[0], num_accepted=[0])
+    assert stubborn.conditional()[0] < 0.2
