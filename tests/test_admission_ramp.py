@@ -74,9 +74,11 @@ def _limit_with_two_replicas() -> int:
 
 
 # Known flap (session 35's CI run, 2-core AMD EPYC): with 2 verify replicas counted, the TTFT-bound limit rose
-# 2 -> 4 and fell back 4 -> 2 four seconds later, so shedding resumed after the second replica was up. A real
-# admission-model issue, not yet fixed; so the case does not fail the suite while it stays open.
-@pytest.mark.xfail(reason="admission limit can fall back below the demand with 2 replicas (known flap)",
+# 2 -> 4 and fell back 4 -> 2 four seconds later, so shedding resumed after the second replica was up. Session 36
+# bounded what one outlying TTFT (a request placed behind a full batch, a replica warming up) can do to a latency
+# bin, and bins a TTFT by the replicas there were when its request was sent; 3 runs passed after that (and 2
+# before it: the flap was rare). Kept non-strict until CI runs confirm it; the limit log now prints the bins.
+@pytest.mark.xfail(reason="admission limit could fall back below the demand with 2 replicas (session 35 flap)",
                    strict=False)
 def test_a_ramp_past_one_replica_is_shed_only_until_the_second_is_up(tiny_target_dir: Path) -> None:
     args = app_args(tiny_target_dir, pools="serve", cluster_name="dspark-ramp", max_num_seqs=2,

@@ -151,3 +151,25 @@ def test_the_policy_scales_the_pool_on_admission_pressure_with_the_sla_the_pools
     assert "admission demand vs SLA capacity" in state[_Dep("a-verify")]["last_decision"]["reasons"][0]
     with pytest.raises(ValueError, match="args"):
         PoolAutoscaler(ttft_p50_s=2.0)
+
+
+def test_one_outlying_reading_moves_a_bin_by_a_bounded_step_and_a_real_change_still_gets_there() -> None:
+    """A TTFT that waited for reasons the load does not say (placed behind a full batch, a replica warming
+    up) moves its bin by at most alpha x (max_jump - 1) of itself; a load that really got slower is reached
+    within a few readings."""
+    bins = _Bins()
+    bins.add(2, 0.05)
+    bins.add(2, 2.0)  # one request queued behind a batch
+    assert bins.at(2) == pytest.approx(0.05 + 0.3 * (0.15 - 0.05))
+    for _ in range(12):
+        bins.add(2, 2.0)
+    assert bins.at(2) > 1.5
+
+
+def test_a_ttft_is_binned_by_the_replicas_there_were_when_its_request_was_sent() -> None:
+    model = LatencyModel(max_batch=2)
+    model.num_replicas = 2.0  # a second replica was counted while the request was on its way
+    model.first_token(0.5, 3, num_replicas_at_start=1.0)
+    assert set(model.ttft.means) == {3}  # 3 in flight on one replica, not ceil(3 / 2)
+    model.first_token(0.05, 3)
+    assert model.ttft.means[2] == 0.05

@@ -139,9 +139,11 @@ class AdmissionGate:
         self._logged[arm] = (limit, replicas, now)
         m = adm.model
         log.info("admission %s: limit %d -> %d, %d verify replica(s)%s, bound by %s; predicted TTFT %s s / TPOT "
-                 "%s s at the limit", arm, before[0], limit, replicas,
+                 "%s s at the limit, %s s / %s s one past it; TTFT bins %s", arm, before[0], limit, replicas,
                  f" (was {before[1]})" if replicas != before[1] else "", adm.limit_reason,
-                 _fmt(m.predicted_ttft_s(limit)), _fmt(m.predicted_tpot_s(limit)))
+                 _fmt(m.predicted_ttft_s(limit)), _fmt(m.predicted_tpot_s(limit)),
+                 _fmt(m.predicted_ttft_s(limit + 1)), _fmt(m.predicted_tpot_s(limit + 1)),
+                 {k: round(v, 3) for k, v in sorted(m.ttft.means.items())})
 
     def _note_shedding(self, arm: str, adm: Admission) -> None:
         """Log the start and the end of shedding (not every refusal), with what decided it."""

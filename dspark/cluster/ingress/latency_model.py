@@ -23,14 +23,26 @@ from dataclasses import dataclass, field
 
 @dataclass
 class _Bins:
-    """Exponentially weighted means of a latency by integer load, monotone when read."""
+    """Exponentially weighted means of a latency by integer load, monotone when read.
+
+    A reading is counted at most `max_jump` times the bin's mean: one request that waited for reasons the
+    load does not say (placed behind a full batch while another replica had room, the first request of a
+    replica still warming up) must not move a bin by more than alpha x (max_jump - 1) of itself. With the raw
+    reading one such TTFT of 2 s in a bin of 50 ms sent admission's limit from 4 back to 2 with two replicas
+    up (session 35's flap); a load that really is slower still gets there, by up to 1.6x per reading."""
 
     alpha: float = 0.3
+    max_jump: float = 3.0
     means: dict[int, float] = field(default_factory=dict)
 
     def add(self, load: int, value_s: float) -> None:
         old = self.means.get(load)
-        self.means[load] = value_s if old is None else old + self.alpha * (value_s - old)
+        if old is None:
+            self.means[load] = value_s
+            return
+        if old > 0:
+            value_s = min(value_s, old * self.max_jump)
+        self.means[load] = old + self.alpha * (value_s - old)
 
     def at(self, load: int) -> float | None:
         """The latency at `load`: None with no measurement at all; never below a lower load's."""
@@ -88,12 +100,16 @@ class LatencyModel:
             self.version += 1
         self._window_start, self._window_tokens, self._window_area = now, 0, 0.0
 
-    def first_token(self, ttft_s: float, num_in_flight_at_start: int) -> None:
-        """A request got its first output `ttft_s` after it was sent, with this many in flight (itself too)."""
+    def first_token(self, ttft_s: float, num_in_flight_at_start: int,
+                    num_replicas_at_start: float | None = None) -> None:
+        """A request got its first output `ttft_s` after it was sent, with this many in flight (itself too)
+        over `num_replicas_at_start` verify replicas (default: the current count; a replica counted since the
+        request was sent did not serve the load it was sent into)."""
         now = time.monotonic()
         self._advance(now)
         self.num_decoding += 1
-        self.ttft.add(self.per_replica(num_in_flight_at_start), ttft_s)
+        replicas = self.num_replicas if num_replicas_at_start is None else num_replicas_at_start
+        self.ttft.add(max(1, math.ceil(num_in_flight_at_start / max(replicas, 1))), ttft_s)
         self.version += 1
 
     def tokens(self, num: int) -> None:

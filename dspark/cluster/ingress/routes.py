@@ -141,6 +141,7 @@ def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str, key
             if refusal is not None:
                 raise refused(refusal)
         num_in_flight = adm.num_in_flight if adm is not None else 0
+        replicas_at_start = adm.model.num_replicas if adm is not None else None
         record = RequestRecord(arm, request_id_of(request), time.time(), time.perf_counter(), log_file,
                                 metrics.get(arm) if metrics else None)
         digest = state.get("key_digest")
@@ -160,7 +161,7 @@ def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str, key
         record.num_prompt_tokens = len(prompt_ids)
         if adm is None:
             return prompt_ids, stream, Released(gen, None), first, record
-        adm.model.first_token(record.first_s - record.start_s, num_in_flight)  # itself included
+        adm.model.first_token(record.first_s - record.start_s, num_in_flight, replicas_at_start)  # itself included
         record.model = adm.model
 
         def closed() -> None:
