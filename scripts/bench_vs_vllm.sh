@@ -3,6 +3,10 @@
 #
 # Usage: scripts/bench_vs_vllm.sh [OUT_DIR]     (default docs/results/serve/vs_vllm)
 #
+# DSPARK_BENCH_ALONE=1: the fair form (issue 32): each of our arms is also measured with only itself deployed
+# (`--alone`, alone vs interleaved per level in summary.fairness), and vLLM's process tree is paused while our
+# arms run (`--peer-pid`, its idle cost measured first).
+#
 # 1. vLLM with the same two cores as dspark (DSPARK_VLLM_THREADS_BIND=0-1) and the dtype `dtype: auto`
 #    picks for our verify engine on this machine; our arms no-spec, colocated, decoupled interleaved with it.
 # 2. vLLM's own default (fp32, its thread binding: one compute core on a 2-core machine), peer only.
@@ -46,6 +50,7 @@ start_peer two_cores DSPARK_VLLM_THREADS_BIND=0-1 DSPARK_VLLM_DTYPE="$DTYPE"
 .venv/bin/dspark bench serve --arms no-spec,colocated,decoupled --interleave --concurrency "$LEVELS" \
   --max-tokens "$TOKENS" --set dtype=auto --set num_threads=2 --set max_model_len=1024 \
   --peer-url "http://127.0.0.1:$PORT" --peer-model smollm2-135m-instruct \
+  ${DSPARK_BENCH_ALONE:+--alone --peer-pid "$PID"} \
   --out "$OUT/bench_serve_vs_vllm_2cores.json" --plot-dir "$OUT/plots_2cores"
 stop_peer
 

@@ -2,7 +2,10 @@
 # GPU check (issues 30 and 28). On a CUDA machine, for each tiny family of tests/families.py: greedy output of
 # the engine (target-only, n-gram) equals transformers' generate on the GPU, and the runner's logits match HF's;
 # then the hybrid drafter (suffix sources + a random DSpark) on the tiny Llama, colocated and decoupled (a gloo
-# pair, the draft pools' data path): greedy output equals generate. Prints one JSON object; at most ~8 minutes.
+# pair, the draft pools' data path): greedy output equals generate, and at T = 1 the tokens follow the target's
+# distribution (chi-square of the PIT, 3 positions at alpha 1e-4). Session 36 ran the families and greedy parts
+# on an H200 (docs/results/families/gpu_check_h200_s36.json); the T = 1 part was written after the GPU was gone
+# and checked on CPU only (the script with "cuda" replaced: p-values 0.79 / 0.14 / 0.42 and 0.65 / 0.97 / 0.61). Prints one JSON object; at most ~8 minutes.
 # Each part reports its own error instead of stopping the others.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -84,9 +87,43 @@ for mode in ("colocated", "decoupled") if prompts is not None else ():
     except Exception as e:  # noqa: BLE001
         report["hybrid"][mode] = {"error": f"{type(e).__name__}: {e}"[:300] + " @ " + " < ".join(
             f"{f.filename.split('/')[-1]}:{f.lineno}" for f in reversed(traceback.extract_tb(e.__traceback__)[-4:]))}
+# T = 1 with the hybrid on the GPU, both modes: tokens 2-4 of 3,000 requests of one prompt (drafts from the
+# cheap sources' q and DSpark's samples, verified with min(1, p/q) and the residual) follow the target's own
+# distribution: chi-square of the randomised PIT against uniform, as tests/test_suffix_proposer.py does on CPU
+import numpy as np
+from dspark.spec.chi2 import ALPHA, chi_square_pvalue
+for mode in ("colocated", "decoupled") if prompts is not None else ():
+    key = f"t1_{mode}"
+    try:
+        prompt = tiny_prompts(vocab)[1][:12]
+        hybrid = make_hybrid(target, self_distilled_docs(target, [prompt] * 64, 6, 1.0))
+        cfg = EngineConfig(target=str(target.path), drafter="hybrid", scheduler="fixed", scheduler_kwargs={"k": 3},
+                           num_draft_tokens=4, max_num_seqs=64, max_model_len=64, prefix_cache_mb=0,
+                           device="cuda", dtype="fp32")
+        with hybrid_engine(mode, cfg, target, hybrid) as engine:
+            reqs = engine.generate([prompt] * 3000, [SamplingParams(max_tokens=4, temperature=1.0, seed=10_000 + i,
+                                                                    ignore_eos=True) for i in range(3000)])
+        rng, pvalues = np.random.default_rng(0), []
+        for pos in (1, 2, 3):
+            counts = torch.zeros(20)
+            prefixes = torch.tensor([prompt + r.output_ids[:pos] for r in reqs], device="cuda")
+            with torch.inference_mode():
+                probs = torch.softmax(target.model(prefixes).logits[:, -1].float(), -1).cpu()
+            cdf = torch.cumsum(probs, -1) - probs
+            for row, r in enumerate(reqs):
+                tok = r.output_ids[pos]
+                u = float(cdf[row, tok]) + rng.random() * float(probs[row, tok])
+                counts[min(19, int(u * 20))] += 1
+            pvalues.append(chi_square_pvalue(counts, torch.full((20,), 1 / 20)))
+        report["hybrid"][key] = {"pvalues": [round(p, 4) for p in pvalues], "alpha": ALPHA,
+                                 "passes": all(p > ALPHA for p in pvalues), "sources": source_counts(engine)}
+    except Exception as e:  # noqa: BLE001
+        report["hybrid"][key] = {"error": f"{type(e).__name__}: {e}"[:300] + " @ " + " < ".join(
+            f"{f.filename.split('/')[-1]}:{f.lineno}" for f in reversed(traceback.extract_tb(e.__traceback__)[-4:]))}
 report["hybrid"]["s"] = round(time.perf_counter() - t0, 1)
 report["ok"] = (all("error" not in f and all(f["greedy_equals_hf"].values()) and f["max_logit_err"] < 1e-3
                     for f in report["families"].values())
-                and all(report["hybrid"].get(m, {}).get("greedy_equals_hf") for m in ("colocated", "decoupled")))
+                and all(report["hybrid"].get(m, {}).get("greedy_equals_hf") for m in ("colocated", "decoupled"))
+                and all(report["hybrid"].get(f"t1_{m}", {}).get("passes") for m in ("colocated", "decoupled")))
 print(json.dumps(report))
 PY
