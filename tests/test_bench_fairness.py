@@ -8,6 +8,7 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from dspark.bench.cpu_time import cores_used, snapshot
 from dspark.bench.peer_process import paused
@@ -72,4 +73,7 @@ def test_fairness_summary_compares_alone_with_interleaved_against_the_pass_noise
     assert four["noise"] == 0.05 and four["alone_over_interleaved"] == 1.2 and not four["agree_within_noise"]
     assert four["interference_cores"] == [0.3, 0.3]
     assert not fair["all_agree_within_noise"]
+    # the alone level's own two passes count toward the noise too (it runs them as the interleaved passes)
+    result["arms"]["a"]["alone_levels"][1] = level(4, 24.0, [21.0, 27.0])
+    assert fairness_summary(result)["levels"]["a"]["4"]["noise"] == pytest.approx(0.25)
     assert interference({"arm:a": 1.0, "load generator": 0.2, "peer": 0.4, "machine": 1.6}, "a") == 0.4

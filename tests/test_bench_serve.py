@@ -81,6 +81,8 @@ def test_interleaved_arms_run_side_by_side_in_two_passes(
         arm = result["arms"][name]
         assert [lv["concurrency"] for lv in arm["alone_levels"]] == [1, 2] and arm["alone_error"] is None
         assert all(lv["num_errors"] == 0 and lv["num_requests"] == 4 for lv in arm["alone_levels"])
+        # alone, each level runs as the interleaved ones do: two passes of half the requests
+        assert all(len(lv["pass_throughput_tok_s"]) == 2 for lv in arm["alone_levels"])
         for level in arm["levels"]:
             passes = level["pass_cores_by_group"]
             assert len(passes) == 2 and all(p.get(f"arm:{name}", 0) > 0 for p in passes), passes

@@ -284,13 +284,15 @@ def _run_one_by_one(config: ServeBenchConfig, prompts: list[Messages], bar: tqdm
             arms[name]["startup_s"] = time.perf_counter() - t0
             load = replace(config.load, base_url=base_url)
             titles = {name: f"{APP_NAME}:"}
-            for c in config.concurrency:  # as many requests as the two interleaved passes together
+            for c in config.concurrency:
                 bar.set_postfix_str(f"C={c}")
-                n = 2 * pass_size(config.load, c) if config.interleave else num_requests_for(config.load, c)
-                lv, cores = measure(partial(run_level_sync, replace(load, num_requests=n), prompts, c),
-                                    titles, config.peer_pid)
-                level = summarize_level(lv, load.max_tokens, config.keep_requests)  # type: ignore[arg-type]
-                level["cores_by_group"] = cores
+                if config.interleave:  # alone, compared with interleaved: the very same two passes, alone
+                    level = _two_passes_alone(config, load, prompts, c, titles)
+                else:
+                    lv, cores = measure(partial(run_level_sync, replace(load, num_requests=num_requests_for(
+                        config.load, c)), prompts, c), titles, config.peer_pid)
+                    level = summarize_level(lv, load.max_tokens, config.keep_requests)  # type: ignore[arg-type]
+                    level["cores_by_group"] = cores
                 arms[name][key].append(_with_server_stats(level, base_url, is_last=c == config.concurrency[-1]))
                 bar.update(1)
         except Exception as exc:  # one broken arm must not lose the others' results
@@ -311,6 +313,29 @@ def idle_cores(seconds: float, arm_titles: dict[str, str], peer_pid: int | None)
 def pass_size(load: LoadConfig, concurrency: int) -> int:
     """Requests per interleaved pass: half the level's, but at least C (else the level is never reached)."""
     return max(-(-num_requests_for(load, concurrency) // 2), concurrency)
+
+
+def _two_passes_alone(config: ServeBenchConfig, load: LoadConfig, prompts: list[Messages], c: int,
+                      titles: dict[str, str]) -> dict[str, Any]:
+    """One level of an arm deployed alone, run exactly as `_run_interleaved` runs it: two passes of
+    `pass_size` requests, the second on the rotated prompts. Session 36 found the comparison unfair when the
+    alone level was one run of both passes' requests: at C >= 8 that is two requests per client back to back
+    (a second wave arriving into the first one's tail) against one per client per pass, and the alone figures
+    came out 11-16 % lower with the arm's per-request decode time unchanged."""
+    size = pass_size(config.load, c)
+    parts, cores = [], []
+    for p in range(2):
+        rotated = prompts[p * size:] + prompts[:p * size]
+        part, used = measure(partial(run_level_sync, replace(load, num_requests=size), rotated, c), titles,
+                             config.peer_pid)
+        parts.append(part)
+        cores.append(used)
+    level = summarize_level(merge_levels(parts), config.load.max_tokens, config.keep_requests)
+    level["pass_throughput_tok_s"] = [output_throughput(part) for part in parts]
+    level["pass_cores_by_group"] = cores
+    level["cores_by_group"] = {g: round(sum(u.get(g, 0.0) for u in cores) / len(cores), 3)
+                               for g in sorted({g for u in cores for g in u})}
+    return level
 
 
 def _run_interleaved(config: ServeBenchConfig, prompts: list[Messages], bar: tqdm,

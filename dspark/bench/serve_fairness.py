@@ -38,7 +38,8 @@ def fairness_summary(result: dict) -> dict[str, Any]:
             if c not in alone:
                 continue
             a, i = alone[c], lv
-            noise = max(_spread(i.get("pass_throughput_tok_s") or []), MIN_NOISE)
+            noise = max(_spread(i.get("pass_throughput_tok_s") or []), _spread(a.get("pass_throughput_tok_s") or []),
+                        MIN_NOISE)
             ratio = a["output_throughput_tok_s"] / i["output_throughput_tok_s"] \
                 if i["output_throughput_tok_s"] else None
             agree = ratio is not None and abs(ratio - 1.0) <= noise
