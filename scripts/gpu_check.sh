@@ -24,6 +24,15 @@ from tests.families import FAMILY_CONFIGS, make_family_dir
 from tests.tiny import make_tiny_target_dir, tiny_sps_path
 
 assert torch.cuda.is_available(), "no CUDA device"
+
+
+def failure(e: BaseException) -> str:
+    """A part's error, with the frames it came from (innermost first)."""
+    frames = reversed(traceback.extract_tb(e.__traceback__)[-4:])
+    return f"{type(e).__name__}: {e}"[:300] + " @ " + " < ".join(f"{f.filename.split('/')[-1]}:{f.lineno}"
+                                                              for f in frames)
+
+
 root = Path(tempfile.mkdtemp())
 tok = make_tiny_target_dir(root / "tiny")
 report = {"device": torch.cuda.get_device_name(0), "families": {}}
@@ -51,8 +60,7 @@ for kind in FAMILY_CONFIGS:
                                     "max_logit_err": float((out.logits - ref).abs().max()),
                                     "greedy_equals_hf": equal, "s": round(time.perf_counter() - t0, 1)}
     except Exception as e:  # noqa: BLE001
-        report["families"][kind] = {"error": f"{type(e).__name__}: {e}"[:300] + " @ " + " < ".join(
-            f"{f.filename.split('/')[-1]}:{f.lineno}" for f in reversed(traceback.extract_tb(e.__traceback__)[-4:]))}
+        report["families"][kind] = {"error": failure(e)}
 
 # the hybrid drafter on the GPU, both modes (tests/test_suffix_proposer.py's helpers, with the target on CUDA)
 from tests.test_suffix_proposer import hybrid_engine, make_hybrid, self_distilled_docs, source_counts
@@ -71,8 +79,7 @@ try:
                     .tolist())
     docs = self_distilled_docs(target, tiny_prompts(vocab)[16:], 48, 0.0)
 except Exception as e:  # noqa: BLE001
-    report["hybrid"]["setup_error"] = f"{type(e).__name__}: {e}"[:300] + " @ " + " < ".join(
-            f"{f.filename.split('/')[-1]}:{f.lineno}" for f in reversed(traceback.extract_tb(e.__traceback__)[-4:]))
+    report["hybrid"]["setup_error"] = failure(e)
     prompts = None
 for mode in ("colocated", "decoupled") if prompts is not None else ():
     try:
@@ -85,8 +92,7 @@ for mode in ("colocated", "decoupled") if prompts is not None else ():
         report["hybrid"][mode] = {"greedy_equals_hf": [r.output_ids for r in reqs] == refs,
                                   "accepted": sum(r.num_accepted for r in reqs), "sources": source_counts(engine)}
     except Exception as e:  # noqa: BLE001
-        report["hybrid"][mode] = {"error": f"{type(e).__name__}: {e}"[:300] + " @ " + " < ".join(
-            f"{f.filename.split('/')[-1]}:{f.lineno}" for f in reversed(traceback.extract_tb(e.__traceback__)[-4:]))}
+        report["hybrid"][mode] = {"error": failure(e)}
 # T = 1 with the hybrid on the GPU, both modes: tokens 2-4 of 3,000 requests of one prompt (drafts from the
 # cheap sources' q and DSpark's samples, verified with min(1, p/q) and the residual) follow the target's own
 # distribution: chi-square of the randomised PIT against uniform, as tests/test_suffix_proposer.py does on CPU
@@ -118,8 +124,7 @@ for mode in ("colocated", "decoupled") if prompts is not None else ():
         report["hybrid"][key] = {"pvalues": [round(p, 4) for p in pvalues], "alpha": ALPHA,
                                  "passes": all(p > ALPHA for p in pvalues), "sources": source_counts(engine)}
     except Exception as e:  # noqa: BLE001
-        report["hybrid"][key] = {"error": f"{type(e).__name__}: {e}"[:300] + " @ " + " < ".join(
-            f"{f.filename.split('/')[-1]}:{f.lineno}" for f in reversed(traceback.extract_tb(e.__traceback__)[-4:]))}
+        report["hybrid"][key] = {"error": failure(e)}
 report["hybrid"]["s"] = round(time.perf_counter() - t0, 1)
 report["ok"] = (all("error" not in f and all(f["greedy_equals_hf"].values()) and f["max_logit_err"] < 1e-3
                     for f in report["families"].values())

@@ -325,16 +325,26 @@ def _two_passes_alone(config: ServeBenchConfig, load: LoadConfig, prompts: list[
     size = pass_size(config.load, c)
     parts, cores = [], []
     for p in range(2):
-        rotated = prompts[p * size:] + prompts[:p * size]
-        part, used = measure(partial(run_level_sync, replace(load, num_requests=size), rotated, c), titles,
-                             config.peer_pid)
+        part, used = measure(partial(run_level_sync, replace(load, num_requests=size), _rotated(prompts, p, size),
+                                     c), titles, config.peer_pid)
         parts.append(part)
         cores.append(used)
+    level = _level_of_passes(config, parts, cores)
+    level["cores_by_group"] = {g: round(sum(u.get(g, 0.0) for u in cores) / len(cores), 3)
+                               for g in sorted({g for u in cores for g in u})}
+    return level
+
+
+def _rotated(prompts: list[Messages], p: int, size: int) -> list[Messages]:
+    """Pass p's prompts: the list turned by p passes, so the two passes send different prompts first."""
+    return prompts[p * size:] + prompts[:p * size]
+
+
+def _level_of_passes(config: ServeBenchConfig, parts: list[LevelResult], cores: list[dict[str, float]]) -> dict:
+    """One level's summary from its passes, with each pass's throughput and cores."""
     level = summarize_level(merge_levels(parts), config.load.max_tokens, config.keep_requests)
     level["pass_throughput_tok_s"] = [output_throughput(part) for part in parts]
     level["pass_cores_by_group"] = cores
-    level["cores_by_group"] = {g: round(sum(u.get(g, 0.0) for u in cores) / len(cores), 3)
-                               for g in sorted({g for u in cores for g in u})}
     return level
 
 
@@ -374,14 +384,12 @@ def _run_interleaved(config: ServeBenchConfig, prompts: list[Messages], bar: tqd
                 bar.set_description(name)
                 bar.set_postfix_str(f"C={c} pass {p + 1}/2")
                 load = replace(config.load, base_url=urls[name], num_requests=size)
-                rotated = prompts[p * size:] + prompts[:p * size]
-                part, used = measure(partial(run_level_sync, load, rotated, c), titles, config.peer_pid)
+                part, used = measure(partial(run_level_sync, load, _rotated(prompts, p, size), c), titles,
+                                     config.peer_pid)
                 passes[name].append(part)  # type: ignore[arg-type]
                 cores[name].append(used)
         for name in live:
-            level = summarize_level(merge_levels(passes[name]), config.load.max_tokens, config.keep_requests)
-            level["pass_throughput_tok_s"] = [output_throughput(part) for part in passes[name]]
-            level["pass_cores_by_group"] = cores[name]
+            level = _level_of_passes(config, passes[name], cores[name])
             arms[name]["levels"].append(_with_server_stats(level, urls[name], is_last=c == config.concurrency[-1]))
             bar.update(1)
     return arms

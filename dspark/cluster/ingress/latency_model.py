@@ -108,8 +108,7 @@ class LatencyModel:
         now = time.monotonic()
         self._advance(now)
         self.num_decoding += 1
-        replicas = self.num_replicas if num_replicas_at_start is None else num_replicas_at_start
-        self.ttft.add(max(1, math.ceil(num_in_flight_at_start / max(replicas, 1))), ttft_s)
+        self.ttft.add(self.per_replica(num_in_flight_at_start, num_replicas_at_start), ttft_s)
         self.version += 1
 
     def tokens(self, num: int) -> None:
@@ -128,8 +127,9 @@ class LatencyModel:
             self._run_s = run_s if not self._run_s else self._run_s + 0.2 * (run_s - self._run_s)
 
     # ---- predictions ------------------------------------------------------------------------------
-    def per_replica(self, num_in_flight: int) -> int:
-        return max(1, math.ceil(num_in_flight / max(self.num_replicas, 1)))
+    def per_replica(self, num_in_flight: int, num_replicas: float | None = None) -> int:
+        replicas = self.num_replicas if num_replicas is None else num_replicas
+        return max(1, math.ceil(num_in_flight / max(replicas, 1)))
 
     def completion_rate(self, now: float | None = None) -> float | None:
         """Requests finished per second over the last 30 s; None without two of them."""
