@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
 # Issue 28's speed figures in one go, each a side-by-side run on this machine (nothing else should run):
 #   1. `dspark bench decode`: the hybrid against the suffix sources alone, prompt lookup, DSpark and the
-#      oracle, at batch 1 and 8, every drafter under Algorithm 1 (greedy scheduler), per domain;
+#      oracle, at batch 1 and 8, every drafter under Algorithm 1 (greedy scheduler), per domain; at batch 1
+#      the arms take turns prompt by prompt, ROUNDS (default 2) times over the prompts;
 #   2. `dspark bench serve --interleave`: no-spec, the hybrid under Algorithm 1 ("scheduled") and MTP-1 over
 #      HTTP, C = 1..32, 128 tokens, WAVES (default 2) waves of C requests per level and pass, so a level
-#      measures continuous batching and not only the drain of one batch of C requests.
+#      measures continuous batching and not only the drain of one batch of C requests (ARM_CONFIG=
+#      configs/bench/suffix_arm.yaml adds the training-free sources alone as the arm "suffix"; ARM_THREADS,
+#      default 2: torch threads per arm, the arms taking turns on the cores; MAX_MODEL_LEN, default 1024: the
+#      prompts (<= 2,000 characters) and 128 tokens fit, and each arm's KV cache, allocated for 32 such
+#      sequences, takes half what it does at 2048: three arms and a vLLM peer overran 24 GiB at C = 32 in s37,
+#      Ray's OOM killer took a replica and its requests failed). PEER_URL and
+#      PEER_PID: a running OpenAI-compatible server (scripts/peer_vllm.sh serve) as the arm "peer", asked for
+#      PEER_MODEL (default smollm2-135m-instruct, the name peer_vllm.sh serves).
 # The verify dtype is this machine's measured choice for verification (`dtype: auto` in serve.yaml: bf16 on
 # CPUs with AMX / AVX-512-BF16, fp32 elsewhere), so the figures are those `make serve` would see.
 #   scripts/bench_suffix.sh OUT_DIR [decode|serve|all]
@@ -24,11 +32,14 @@ EOF
 echo "verify dtype: $DTYPE" >&2
 if [ "$WHAT" = decode ] || [ "$WHAT" = all ]; then
   .venv/bin/dspark bench decode --drafters hybrid,suffix,ngram,dspark,oracle --batch-sizes 1,8 \
-    --scheduler greedy --num-prompts 8 --max-new-tokens 128 --dtype "$DTYPE" --hf-dtypes "" \
+    --scheduler greedy --num-prompts 8 --rounds "${ROUNDS:-2}" --max-new-tokens 128 --dtype "$DTYPE" --hf-dtypes "" \
     --out "$OUT/bench_decode.json"
 fi
 if [ "$WHAT" = serve ] || [ "$WHAT" = all ]; then
   .venv/bin/dspark bench serve --interleave --arms no-spec,scheduled,mtp1 --drafter hybrid --max-tokens 128 \
-    --arm-config configs/bench/suffix_arm.yaml --concurrency 1,2,4,8,16,32 --waves "${WAVES:-2}" --set "dtype=$DTYPE" \
+    --arm-config "${ARM_CONFIG:-configs/bench/hybrid_arm.yaml}" --concurrency 1,2,4,8,16,32 --waves "${WAVES:-2}" --set "dtype=$DTYPE" \
+    --set "num_threads=${ARM_THREADS:-2}" --set "max_model_len=${MAX_MODEL_LEN:-1024}" \
+    ${PEER_URL:+--peer-url "$PEER_URL" --peer-model "${PEER_MODEL:-smollm2-135m-instruct}"} \
+    ${PEER_PID:+--peer-pid "$PEER_PID"} \
     --out "$OUT/bench_serve.json" --plot-dir "$OUT"
 fi
