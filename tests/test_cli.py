@@ -75,6 +75,28 @@ def test_bench_decode_refills_the_batch_from_waves_of_prompts(tiny_target_dir):
             assert 0 < b2["target_only_steady_tok_s"] and "steady_speedup_vs_target_only" in b2["drafters"]["ngram"]
 
 
+def test_bench_decode_at_batch_1_runs_the_arms_in_turn_on_every_prompt(tiny_target_dir):
+    from dspark.bench.decode import BASE, _rotated
+
+    # the order turns prompt by prompt; the oracle replays target-only's output, so it never goes first
+    assert _rotated([BASE, "ngram", "oracle"], 1) == ["ngram", BASE, "oracle"]
+    assert _rotated([BASE, "ngram", "oracle"], 2) == [BASE, "ngram", "oracle"]
+    args = ["bench", "decode", "--target", str(tiny_target_dir), "--batch-sizes", "1", "--num-prompts", "3",
+            "--rounds", "2", "--max-new-tokens", "6", "--num-draft-tokens", "3", "--scheduler", "greedy",
+            "--hf-dtypes", "", "--drafters", "ngram,oracle"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    b1 = json.loads(res.stdout.strip().splitlines()[-1])["batch1"]
+    assert b1["arms_in_turn"] and b1["rounds"] == 2 and b1["num_prompts"] == 3
+    for name, arm in b1["drafters"].items():
+        assert arm["greedy_identical_to_target_only"], name
+        q = arm["speedup_by_prompt"]
+        assert 0 < q["min"] <= q["p25"] <= q["p50"] <= q["p75"] <= q["max"]
+    # the oracle drafts target-only's own output, so all of it is accepted: 6 tokens are the prefill's, one round
+    # of 3 + 1 and one of the last token, τ = (4 + 1) / 2
+    assert b1["drafters"]["oracle"]["tau"] == 2.5
+
+
 def test_bench_decode_runs_a_dspark_checkpoint_with_and_without_its_sts_side_by_side(tiny_target_dir, tiny_target,
                                                                                    tmp_path):
     from dspark.models.drafters.dspark.config import DSparkConfig

@@ -138,6 +138,37 @@ def test_binned_calibration_recovers_the_acceptance_rate_per_cell_and_round_trip
     assert feature_bins(1.0, 1, 1, 1) == (9, 0, 0, 0) and feature_bins(0.0, 100, 20, 9) == (0, 6, 5, 3)
 
 
+def test_the_prefix_survival_scaling_is_fitted_bin_by_bin_and_round_trips(tmp_path):
+    """Tables whose c_k are too sharp and too high (true survival σ(logit(c) / 1.5 − 0.3)): the scaling finds
+    the temperature and shift of the first bin, and leaves each position's prefix survival a_k unbiased."""
+    from dspark.spec.source_calibration import _shifted, fit_scaling
+
+    rng = np.random.default_rng(11)
+    conds, verified, accepted = [], [], []
+    for _ in range(6000):
+        c = rng.uniform(0.2, 0.97, size=7)
+        true = 1 / (1 + np.exp(-(np.log(c / (1 - c)) / 1.5 - 0.3)))
+        n = 0
+        while n < 7 and rng.random() < true[n]:
+            n += 1
+        conds.append(c.tolist())
+        verified.append(7)
+        accepted.append(n)
+    params = fit_scaling(conds, verified, accepted)
+    assert params[0][0] == pytest.approx(1.5, abs=0.15) and params[0][1] == pytest.approx(-0.3, abs=0.1)
+    bins = [min(k, 3) for k in range(7)]
+    scaled = [_shifted(c, 0.0, params, bins) for c in conds]
+    bias_before, bias_after = [], []
+    for k in range(7):
+        observed = np.mean([n > k for n in accepted])
+        bias_before.append(np.mean([np.prod(c[:k + 1]) for c in conds]) - observed)
+        bias_after.append(np.mean([np.prod(c[:k + 1]) for c in scaled]) - observed)
+    assert max(map(abs, bias_after)) < 0.02 < abs(bias_before[0]), (bias_before, bias_after)
+    cal = SourceCalibration(scaling={("corpus", "greedy"): params})
+    cal.save(tmp_path / "c.json")
+    assert SourceCalibration.load(tmp_path / "c.json").scaling == {("corpus", "greedy"): params}
+
+
 def test_frozen_cells_are_the_estimates_cell_by_cell():
     rng = np.random.default_rng(8)
     cal = SourceCalibration()
@@ -284,10 +315,14 @@ def test_hybrid_sampled_tokens_follow_the_target_distribution(tiny_target, mode,
         assert chi_square_pvalue(pit, torch.full((20,), 1 / 20)) > ALPHA, f"position {pos + 1}: {pit}"
 
 
-def test_native_walks_read_the_same_calibration_cells_as_python():
-    """The C walk bins (f, n, m, k) itself to read c_k: it must pick the cell Python's `feature_bins` picks."""
+@pytest.mark.parametrize("scaled", [False, True])
+def test_native_walks_read_the_same_calibration_cells_as_python(scaled):
+    """The C walk bins (f, n, m, k) itself to read c_k: it must pick the cell Python's `feature_bins` picks, and
+    see the prefix-survival scaling of that cell's position bin."""
     rng = np.random.default_rng(4)
     cal = SourceCalibration()
+    if scaled:
+        cal.scaling[("corpus", "greedy")] = [(1.3, -0.2), (0.8, 0.1), (1.0, 0.3), (2.0, -0.5)]
     for _ in range(20_000):  # a distinct rate in many cells
         f, n, m, k = float(rng.random()), int(rng.integers(1, 80)), int(rng.integers(1, 12)), int(rng.integers(1, 8))
         cal.record("corpus", "greedy", [f] * k, [n] * k, [m] * k, k, k - 1 if rng.random() < f else 0)
@@ -387,3 +422,58 @@ def test_a_tenants_finished_requests_draft_its_next_ones_and_no_one_elses():
                            DraftRequest("b1", [1, 5, 6, 7], 0.0, tenant="b")], 4)
     assert out.tokens[0] == [8, 9, 10, 11] and out.sources[0] == "served"
     assert out.tokens[1] == [] and out.sources[1] == ""  # tenant b never sees tenant a's text
+
+
+# ---- `dspark suffix calibrate` ---------------------------------------------------------------------------
+def _calibration_corpus(folder: Path, vocab: int) -> None:
+    """A shard of self-distilled-like records, half of their prompts in the held-out split at fraction 0.5."""
+    from dspark.training.synth import write_shard
+
+    folder.mkdir()
+    rng = np.random.default_rng(7)
+    phrases = [rng.integers(3, vocab, size=6).tolist() for _ in range(4)]  # text that repeats: walks find it
+    records = []
+    for i in range(40):
+        response = sum((phrases[int(j)] for j in rng.integers(0, 4, size=5)), [])
+        records.append({"domain": "chat", "prompt": f"prompt number {i}", "prompt_ids": phrases[i % 4] + [i % 7 + 3],
+                        "response_ids": response, "temperature": 0.0, "finish_reason": "length"})
+    write_shard(folder / "shard-00000.npz", records, vocab_size=vocab)
+
+
+def test_calibrate_fits_tables_on_held_out_prompts_and_writes_them(tiny_target_dir, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from dspark.cli import app
+
+    vocab = json.loads((tiny_target_dir / "config.json").read_text())["vocab_size"]
+    _calibration_corpus(tmp_path / "corpus", vocab)
+    folder = tmp_path / "suffix"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"corpus_dirs": [str(tmp_path / "corpus")]}))
+    args = ["suffix", "calibrate", "--path", str(folder), "--target", str(tiny_target_dir), "--num-prompts", "8",
+            "--max-new-tokens", "16", "--temperature", "0", "--heldout-fraction", "0.5", "--batch-size", "4"]
+    res = CliRunner().invoke(app, [*args, "--keep-tables"])
+    assert res.exit_code == 2 and "no " in res.output and "to keep" in res.output  # nothing to keep yet
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    rep = json.loads(res.stdout.strip().splitlines()[-1])
+    assert rep["num_prompts"] == 8 and rep["written"] == str(folder / "calibration.json") and rep["tables"] == "fitted"
+    trials = rep["trials"]["greedy"]
+    assert sum(trials.values()) > 0
+    shipped = SourceCalibration.load(folder / "calibration.json")
+    assert {s: t.num_trials for s, t in shipped.tables["greedy"].items()} == trials  # what was fitted is written
+    # a scaling fitted for every source with rounds in the scaling quarter; written beside the tables where it
+    # lowered that source's held-out ECE
+    assert rep["scaling"] and all(len(v["params"]) == 4 for v in rep["scaling"].values())
+    assert {tuple(k.split("/")) for k, v in rep["scaling"].items() if v["kept"]} == set(shipped.scaling)
+    held = rep["heldout_ece"]["greedy"]
+    assert held and all(0 <= v["ece_mean_over_positions"] <= 1 and v["num_rounds"] > 0 for v in held.values())
+    assert set(rep["heldout_ece_without_scaling"]["greedy"]) == set(held)
+    # --keep-tables: the same tables, only the scaling fitted again
+    res = CliRunner().invoke(app, [*args, "--keep-tables"])
+    assert res.exit_code == 0, res.output
+    again = json.loads(res.stdout.strip().splitlines()[-1])
+    assert again["tables"] == "kept" and again["trials"]["greedy"] == trials
+    assert SourceCalibration.load(folder / "calibration.json").to_dict()["tables"] == shipped.to_dict()["tables"]

@@ -2,6 +2,11 @@
 
 Greedy (T=0), fixed prompts from the shared eval sets, fixed output length (EOS ignored so every
 arm decodes the same number of tokens), a warm-up per arm. Figures are ratios from one run.
+
+At batch 1 the arms take turns prompt by prompt (target-only among them, the order rotated each prompt), so a
+slow spell of a shared host lands on every arm instead of on whichever ran then: run one after another, two
+runs on one 2-core KVM EPYC put the same suffix arm (same τ, same verify lengths) at 1.78x and 2.10x of a
+target-only measured once before it. Each speedup comes with the spread of its per-prompt ratios.
 """
 
 from __future__ import annotations
@@ -36,6 +41,76 @@ class ArmResult:
     steady_tok_s: float | None = None  # continuous batching: tok/s until the queue ran dry (see _generate_refilled)
 
 
+BASE = "target-only"
+
+
+def _summary(engine: Engine, outs: list[list[int]], group_s: list[float],
+             steady: tuple[int, float] | None = None) -> ArmResult:
+    """An arm's figures from its engine's step stats (every step it ran), its outputs and the wall time of each
+    group of prompts."""
+    stats = engine.stats
+    num_rounds = sum(s.num_requests for s in stats)
+    emitted = sum(sum(s.num_accepted) + s.num_requests for s in stats)
+    verified = sum(sum(s.lengths) for s in stats)
+    num_steps = max(len(stats), 1)
+    return ArmResult(tok_s=sum(map(len, outs)) / sum(group_s), tau=emitted / max(num_rounds, 1),
+                     mean_verify_len=verified / max(num_rounds, 1),
+                     draft_ms=sum(s.draft_ms for s in stats) / num_steps,
+                     verify_ms=sum(s.verify_ms for s in stats) / num_steps, outputs=outs,
+                     group_s=group_s, steady_tok_s=steady[0] / steady[1] if steady else None)
+
+
+def _rotated(names: list[str], shift: int) -> list[str]:
+    """The arms' order at prompt `shift`: rotated, with the oracle after target-only (it replays its output)."""
+    shift %= len(names)
+    order = names[shift:] + names[:shift]
+    if "oracle" in order and order.index("oracle") < order.index(BASE):
+        order.remove("oracle")
+        order.append("oracle")
+    return order
+
+
+def run_interleaved(engines: dict[str, Engine], prompts: list[list[int]], max_new_tokens: int,
+                    rounds: int = 1) -> dict[str, ArmResult]:
+    """Batch 1, the arms in turn on each prompt (order rotated per prompt and round), `rounds` times over the
+    prompts; each arm's time per prompt is its mean over the rounds. An oracle arm (OracleDrafter) is handed
+    target-only's output for a prompt before its turn on it."""
+    params = SamplingParams(max_tokens=max_new_tokens, ignore_eos=True)
+    names = list(engines)
+    for engine in engines.values():
+        engine.generate([prompts[0][:8]], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
+        engine.stats.clear()
+    outs: dict[str, list[list[int] | None]] = {n: [None] * len(prompts) for n in names}
+    secs = {n: [0.0] * len(prompts) for n in names}
+    bar = tqdm(total=rounds * len(prompts) * len(names), desc="engine b=1, arms in turn", leave=False)
+    for r in range(rounds):
+        for i, prompt in enumerate(prompts):
+            for name in _rotated(names, i + r):
+                engine = engines[name]
+                if isinstance(engine.drafter, OracleDrafter):
+                    engine.drafter.set_continuation(prompt, prompt + outs[BASE][i])
+                t0 = time.perf_counter()
+                out = engine.generate([prompt], params)[0].output_ids
+                if engine.runner.device.type == "cuda":
+                    torch.cuda.synchronize()
+                secs[name][i] += time.perf_counter() - t0
+                if outs[name][i] is None:
+                    outs[name][i] = out
+                elif out != outs[name][i]:  # greedy: a round that decodes otherwise is a bug, not noise
+                    raise RuntimeError(f"{name}: prompt {i} decoded differently in round {r}")
+                bar.update()
+    bar.close()
+    return {n: _summary(engines[n], outs[n], [s / rounds for s in secs[n]]) for n in names}
+
+
+def spread(base: ArmResult, arm: ArmResult) -> dict:
+    """Quartiles of the per-prompt speedups (target-only's time over the arm's on the same prompt and tokens):
+    how far one prompt's ratio sits from another's."""
+    ratios = sorted(b / a for b, a in zip(base.group_s, arm.group_s))
+    q = torch.tensor(ratios, dtype=torch.double).quantile(torch.tensor([0.25, 0.5, 0.75], dtype=torch.double))
+    return {"p25": float(q[0]), "p50": float(q[1]), "p75": float(q[2]), "min": ratios[0], "max": ratios[-1]}
+
+
 def hf_generate_tok_s(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int,
                       eos_id: int) -> tuple[float, list[list[int]]]:
     """Batch-1 end-to-end tokens/s of transformers' generate (greedy, EOS ignored)."""
@@ -63,7 +138,6 @@ def run_engine(engine: Engine, prompts: list[list[int]], batch_size: int, max_ne
     engine.stats.clear()
     outs: list[list[int]] = []
     group_s: list[float] = []
-    t0 = time.perf_counter()
     group = len(prompts) if refill else batch_size
     steady: tuple[int, float] | None = None
     for i in tqdm(range(0, len(prompts), group), desc=f"engine b={batch_size}", leave=False):
@@ -76,16 +150,7 @@ def run_engine(engine: Engine, prompts: list[list[int]], batch_size: int, max_ne
         group_s.append(time.perf_counter() - tg)
     if engine.runner.device.type == "cuda":
         torch.cuda.synchronize()
-    wall_s = time.perf_counter() - t0
-    rounds = sum(s.num_requests for s in engine.stats)
-    emitted = sum(sum(s.num_accepted) + s.num_requests for s in engine.stats)
-    verified = sum(sum(s.lengths) for s in engine.stats)
-    num_steps = max(len(engine.stats), 1)
-    return ArmResult(tok_s=sum(map(len, outs)) / wall_s, tau=emitted / max(rounds, 1),
-                     mean_verify_len=verified / max(rounds, 1),
-                     draft_ms=sum(s.draft_ms for s in engine.stats) / num_steps,
-                     verify_ms=sum(s.verify_ms for s in engine.stats) / num_steps, outputs=outs,
-                     group_s=group_s, steady_tok_s=steady[0] / steady[1] if steady else None)
+    return _summary(engine, outs, group_s, steady)
 
 
 def _generate_refilled(engine: Engine, prompts: list[list[int]], params: SamplingParams,
@@ -111,8 +176,9 @@ def _generate_refilled(engine: Engine, prompts: list[list[int]], params: Samplin
 def bench_decode(target: TargetModel, drafters: list[str], batch_sizes: list[int], num_prompts: int,
                  max_new_tokens: int, scheduler: str, num_draft_tokens: int, sps_profile: str | None,
                  hf_dtypes: list[str], checkpoints: dict[str, str] | None = None, draft_gate: bool = True,
-                 waves: int = 1) -> dict:
-    """`waves` > 1: at batch B > 1, waves x B prompts go through B slots, each finished request's slot
+                 waves: int = 1, rounds: int = 1) -> dict:
+    """At batch 1 the arms take turns on each prompt, `rounds` times over the prompts (`run_interleaved`).
+    `waves` > 1: at batch B > 1, waves x B prompts go through B slots, each finished request's slot
     refilled at the next step (how a serving engine batches). One closed batch of B (waves 1) runs until
     its slowest request is done: with speculation the batch shrinks to its straggler, whose acceptance
     then sets the speed of the whole batch."""
@@ -142,40 +208,45 @@ def bench_decode(target: TargetModel, drafters: list[str], batch_sizes: list[int
     max_len = max(map(len, prompts)) + max_new_tokens + num_draft_tokens + 2
     for bs in batch_sizes:
         arm_prompts = prompts[:num_prompts] if bs == 1 else prompts[:bs * waves]
-        cfg = EngineConfig(target=target.name, drafter="none", scheduler="fixed", num_draft_tokens=0,
-                           max_num_seqs=bs, max_model_len=max_len)
         refill = bs > 1 and waves > 1
-        base = run_engine(Engine(cfg, target=target, drafter=None), arm_prompts, bs, max_new_tokens, refill)
+
+        def engine_for(name: str, bs: int = bs) -> Engine:
+            return _engine(name, target, bs, max_len, scheduler, num_draft_tokens, sps_profile, draft_gate,
+                           checkpoints or {})
+
+        engines: dict[str, Engine] = {}
+        if bs == 1:  # every arm at once, taking turns prompt by prompt
+            engines = {name: engine_for(name) for name in [BASE, *drafters]}
+            arms = run_interleaved(engines, arm_prompts, max_new_tokens, rounds)
+        else:  # one arm after another (each continuous batch runs whole)
+            engines = {BASE: engine_for(BASE)}
+            arms = {BASE: run_engine(engines[BASE], arm_prompts, bs, max_new_tokens, refill)}
+            for name in drafters:
+                engines[name] = engine_for(name)
+                if isinstance(engines[name].drafter, OracleDrafter):  # the target's greedy continuation
+                    for p, o in zip(arm_prompts, arms[BASE].outputs):
+                        engines[name].drafter.set_continuation(p, p + o)
+                arms[name] = run_engine(engines[name], arm_prompts, bs, max_new_tokens, refill)
+        base = arms[BASE]
         block: dict = {"target_only_tok_s": base.tok_s, "target_only_step_ms": base.verify_ms, "drafters": {},
-                       "num_prompts": len(arm_prompts), "continuous_batching": refill}
+                       "num_prompts": len(arm_prompts), "continuous_batching": refill,
+                       "arms_in_turn": bs == 1, **({"rounds": rounds} if bs == 1 else {})}
         if refill:
             block["target_only_steady_tok_s"] = base.steady_tok_s
         if bs == 1 and "fp32" in hf:
             block["target_only_vs_hf_same_dtype"] = base.tok_s / hf.get(_dtype_key(target.dtype), hf["fp32"])
         for name in drafters:
-            drafter = _drafter(name, target, checkpoints or {})
-            if isinstance(drafter, OracleDrafter):  # the target's own greedy continuation, not timed
-                for p, o in zip(arm_prompts, base.outputs):
-                    drafter.set_continuation(p, p + o)
-            sched = "fixed" if name == "oracle" else scheduler
-            cfg = EngineConfig(target=target.name, drafter=_kind(name), scheduler=sched,
-                               num_draft_tokens=num_draft_tokens, sps_profile=sps_profile,
-                               max_num_seqs=bs, max_model_len=max_len, draft_gate=draft_gate,
-                               measured_token_cost=name.endswith(TOKEN_COST),
-                               scheduler_kwargs={"k": num_draft_tokens} if sched == "fixed" else {})
-            engine = Engine(cfg, target=target, drafter=drafter)
-            arm = run_engine(engine, arm_prompts, bs, max_new_tokens, refill)
-            if bs == 1:
-                by_domain = _per_domain(picked[:len(arm_prompts)], base, arm)
+            arm, engine = arms[name], engines[name]
             block["drafters"][name] = {
-                **({"per_domain": by_domain} if bs == 1 else {}),
+                **({"per_domain": _per_domain(picked[:len(arm_prompts)], base, arm),
+                    "speedup_by_prompt": spread(base, arm)} if bs == 1 else {}),
                 "spec_tok_s": arm.tok_s, "tau": arm.tau, "mean_verify_len": arm.mean_verify_len,
                 "speedup_vs_target_only": arm.tok_s / base.tok_s,
                 **({"steady_tok_s": arm.steady_tok_s,
                     "steady_speedup_vs_target_only": arm.steady_tok_s / base.steady_tok_s}
                    if refill and arm.steady_tok_s and base.steady_tok_s else {}),
                 "speedup_vs_hf": arm.tok_s / best_hf if best_hf else None,
-                "scheduler": sched,
+                "scheduler": engine.config.scheduler,
                 "draft_ms_per_step": arm.draft_ms, "verify_ms_per_step": arm.verify_ms,
                 "draft_over_verify": arm.draft_ms / arm.verify_ms if arm.verify_ms else None,
                 "greedy_identical_to_target_only": arm.outputs == base.outputs,
@@ -183,6 +254,8 @@ def bench_decode(target: TargetModel, drafters: list[str], batch_sizes: list[int
                 "token_cost": engine.token_cost.summary(engine.sps)
                 if engine.token_cost is not None and engine.sps is not None else None,
             }
+        del engines, arms
+        gc.collect()
         result[f"batch{bs}"] = block
     if 1 in batch_sizes and len(batch_sizes) > 1:
         b1 = result["batch1"]["target_only_tok_s"]
@@ -197,6 +270,20 @@ TOKEN_COST = "-tokencost"  # the arm schedules on the measured token cost, not t
 
 def _kind(name: str) -> str:
     return name.removesuffix(TOKEN_COST).removesuffix(NO_STS)
+
+
+def _engine(name: str, target: TargetModel, batch_size: int, max_len: int, scheduler: str, num_draft_tokens: int,
+            sps_profile: str | None, draft_gate: bool, checkpoints: dict[str, str]) -> Engine:
+    """The engine of arm `name`: target-only, or drafter `name` under `scheduler` (the oracle: a fixed k)."""
+    if name == BASE:
+        return Engine(EngineConfig(target=target.name, drafter="none", scheduler="fixed", num_draft_tokens=0,
+                                   max_num_seqs=batch_size, max_model_len=max_len), target=target, drafter=None)
+    sched = "fixed" if name == "oracle" else scheduler
+    cfg = EngineConfig(target=target.name, drafter=_kind(name), scheduler=sched, num_draft_tokens=num_draft_tokens,
+                       sps_profile=sps_profile, max_num_seqs=batch_size, max_model_len=max_len,
+                       draft_gate=draft_gate, measured_token_cost=name.endswith(TOKEN_COST),
+                       scheduler_kwargs={"k": num_draft_tokens} if sched == "fixed" else {})
+    return Engine(cfg, target=target, drafter=_drafter(name, target, checkpoints))
 
 
 def _drafter(name: str, target: TargetModel, checkpoints: dict[str, str]) -> Drafter:

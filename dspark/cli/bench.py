@@ -26,7 +26,10 @@ def bench_decode_cmd(
                                  "dflash, eagle3, mtp1; trained ones load checkpoints/<name>-smollm2); "
                                  "dspark-nosts: the same DSpark checkpoint without its STS temperatures."),
     batch_sizes: str = typer.Option("1,8"),
-    num_prompts: int = typer.Option(4, min=1, help="Prompts decoded one by one at batch 1."),
+    num_prompts: int = typer.Option(4, min=1, help="Prompts decoded one by one at batch 1, every arm in turn on "
+                                    "each (target-only among them, the order rotated prompt by prompt)."),
+    rounds: int = typer.Option(1, min=1, help="At batch 1: times over the prompts (each arm's time per prompt is "
+                               "its mean), for ratios on a noisy host."),
     max_new_tokens: int = typer.Option(128, min=1),
     scheduler: str = typer.Option("fixed", help="Scheduler for the non-oracle drafters."),
     num_draft_tokens: int = typer.Option(7, min=1),
@@ -60,7 +63,7 @@ def bench_decode_cmd(
         res = bench_decode(load_target(target, device, dtype), [d for d in drafters.split(",") if d],
                            [int(b) for b in batch_sizes.split(",")], num_prompts, max_new_tokens, scheduler,
                            num_draft_tokens, sps_profile, _hf_dtypes(hf_dtypes, device), checkpoints,
-                           draft_gate, waves)
+                           draft_gate, waves, rounds)
     except (ValueError, FileNotFoundError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

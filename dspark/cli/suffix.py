@@ -114,6 +114,8 @@ def calibrate_cmd(
     write: bool = typer.Option(True, help="Write calibration.json into the folder."),
     empirical_q: bool = typer.Option(True, help="T > 0: drafts drawn from q (the 'empirical' regime), else the "
                                                 "deterministic walk verified as a point mass ('sampled')."),
+    keep_tables: bool = typer.Option(False, help="Keep the folder's tables; fit only the prefix-survival scaling "
+                                     "(on rounds the tables were not fitted on: the held-out split's odd prompts)."),
 ) -> None:
     """Fit each source's survival on held-out self-distilled prompts; print held-out ECE per source (JSON)."""
     _setup(num_threads)
@@ -122,10 +124,15 @@ def calibrate_cmd(
     from dspark.config.engine import EngineConfig
     from dspark.models.drafters.suffix.corpus import corpus_paths, read_heldout_prompts
     from dspark.models.drafters.suffix.drafter import SuffixDrafter
-    from dspark.spec.source_calibration import SourceCalibration
-    from dspark.training.suffix_calibrate import RoundLog, collect, heldout_ece
+    from dspark.spec.source_calibration import SourceCalibration, regime_of
+    from dspark.training.suffix_calibrate import RoundLog, collect, fit_scalings, heldout_ece
     from dspark.verify_service.engine import Engine
 
+    shipped = path / "calibration.json"
+    if keep_tables and not shipped.exists():
+        typer.echo(f"error: --keep-tables: no {shipped} to keep", err=True)
+        raise typer.Exit(2)
+    kept = SourceCalibration.load(shipped).tables if keep_tables else None
     drafter = SuffixDrafter.from_pretrained(path, heldout_fraction=heldout_fraction, explore=True,
                                             empirical_q=empirical_q)
     drafter.calibration = SourceCalibration()  # fitted from scratch
@@ -134,20 +141,30 @@ def calibrate_cmd(
                     drafter=drafter)
     records = read_heldout_prompts(corpus_paths(drafter.config.corpus_dirs), heldout_fraction, num_prompts)
     prompts = [r["prompt_ids"] for r in records if len(r["prompt_ids"]) + max_new_tokens + gamma + 2 <= 2048]
-    fit, held = SourceCalibration(), RoundLog()
+    fit, scale, held = SourceCalibration(), RoundLog(), RoundLog()
     t0 = time.perf_counter()
     with tqdm(desc="calibrate", unit="tok", total=len(prompts) * max_new_tokens * len(temperature)) as bar:
         for temp in temperature:
-            collect(engine, drafter, prompts, temp, max_new_tokens, batch_size, 0, fit, held, bar)
+            collect(engine, drafter, prompts, temp, max_new_tokens, batch_size, 0, fit, scale, held, bar)
+    if kept is not None:
+        fit.tables = kept
+    tables_only = heldout_ece(fit, held, gamma)
+    scalings = fit_scalings(fit, scale, held, gamma)
     report = {"num_prompts": len(prompts), "temperatures": temperature, "wall_s": round(time.perf_counter() - t0, 1),
+              "tables": "kept" if keep_tables else "fitted",
               "trials": {r: {s: t.num_trials for s, t in by.items()} for r, by in fit.tables.items()},
+              "scaling": scalings,  # each fitted scaling, and whether it lowered its source's held-out ECE
               "heldout_ece": heldout_ece(fit, held, gamma),
+              "heldout_ece_without_scaling": tables_only,
               "uncalibrated_ece": heldout_ece(SourceCalibration(), held, gamma)}
-    if write:  # the regimes this run did not measure keep the tables they had
-        shipped = path / "calibration.json"
+    if write:  # the regimes this run did not measure keep the tables and scalings they had
         if shipped.exists():
-            for regime, tables in SourceCalibration.load(shipped).tables.items():
+            before = SourceCalibration.load(shipped)
+            for regime, tables in before.tables.items():
                 fit.tables.setdefault(regime, tables)
+            for (source, regime), params in before.scaling.items():
+                if regime not in {regime_of(t, empirical_q) for t in temperature}:
+                    fit.scaling.setdefault((source, regime), params)
         fit.save(shipped)
         report["written"] = str(shipped)
     typer.echo(json.dumps(report))

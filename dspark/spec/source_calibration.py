@@ -11,6 +11,12 @@ back-off to coarser bins where a cell is thin (each level shrinks toward its par
 pseudo-trials). Binning is a histogram calibrator: within each cell the estimate IS the observed rate,
 which is what drives the ECE of the survival products a_k = Π c_i down.
 
+The tables fit each conditional c_k where position k was reached; the scheduler reads their product, the prefix
+survival a_k = Π c_i, and errors of the conditionals that go together (a context whose walk is optimistic at
+position 2 tends to be at 3 too) add up in it. So each (source, regime) also carries a scaling per position bin
+k (1, 2, 3, 4+), c'_k = σ(logit(c_k) / T_k + s_k), fitted bin after bin on held-out rounds the tables were not
+fitted on, to the log-loss of a_k itself (STS's sequential fit, which DSpark's confidences get).
+
 Live use adds a recency correction: a deployment's traffic is not the held-out prompts (on the bench prompts
 at batch 32 the corpus source's survival read 8.6 points above its acceptance), and the shipped counts are so
 many that verified outcomes added to them move a cell slowly. So each (source, regime) also keeps a shift b of
@@ -122,22 +128,34 @@ class SourceTable:
 class SourceCalibration:
     """Conditional survival c_k of a source's proposal, per regime; uncalibrated: f_k itself."""
 
-    def __init__(self, tables: dict[str, dict[str, SourceTable]] | None = None) -> None:
+    def __init__(self, tables: dict[str, dict[str, SourceTable]] | None = None,
+                 scaling: dict[tuple[str, str], list[tuple[float, float]]] | None = None) -> None:
         self.tables = tables or {}
+        # (source, regime) -> (T_k, s_k) per position bin k (module doc); none: the tables' c_k as they are
+        self.scaling = scaling or {}
         self.bias: dict[tuple[str, str], float] = {}  # (source, regime) -> live log-odds shift (module doc)
 
     def table(self, source: str, regime: str) -> SourceTable | None:
         return self.tables.get(regime, {}).get(source)
 
-    def _resolved(self, source: str, regime: str) -> SourceTable | None:
-        """The table that speaks for (source, regime): its own, else its prior source's, else the same two in
-        the prior regime; None where none has data."""
+    def _resolved_key(self, source: str, regime: str) -> tuple[str, str] | None:
+        """Whose table speaks for (source, regime): its own, else its prior source's, else the same two in the
+        prior regime; None where none has data."""
         for reg in (regime, PRIOR_REGIME.get(regime)):
             for src in (source, PRIOR_SOURCE.get(source)):
                 table = self.table(src, reg) if src and reg else None
                 if table is not None and table.num_trials > 0:
-                    return table
+                    return src, reg  # type: ignore[return-value]
         return None
+
+    def _resolved(self, source: str, regime: str) -> SourceTable | None:
+        key = self._resolved_key(source, regime)
+        return self.table(*key) if key is not None else None
+
+    def _scaling(self, source: str, regime: str) -> list[tuple[float, float]] | None:
+        """The scaling fitted to the table that speaks for (source, regime) (`_resolved_key`), if any."""
+        key = self._resolved_key(source, regime)
+        return self.scaling.get(key) if key is not None else None
 
     def cells(self, source: str, regime: str) -> list[float] | None:
         """The table's estimates in (f, n, m, k) row-major order (the layout the native walk reads), or None
@@ -147,15 +165,16 @@ class SourceCalibration:
             return None
         if table._table is None:
             table.freeze()
-        return _shifted(table._table, self.bias.get((source, regime), 0.0))
+        return _shifted(table._table, self.bias.get((source, regime), 0.0), self._scaling(source, regime))
 
     def conditional(self, source: str, regime: str, freq: list[float], count: list[int],
                     match: list[int]) -> list[float]:
         table = self._resolved(source, regime)
         if table is None:
             return [min(0.99, max(0.01, f)) for f in freq]
-        return _shifted([table.lookup(feature_bins(f, n, m, k + 1)) for k, (f, n, m) in
-                         enumerate(zip(freq, count, match))], self.bias.get((source, regime), 0.0))
+        bins = [feature_bins(f, n, m, k + 1) for k, (f, n, m) in enumerate(zip(freq, count, match))]
+        return _shifted([table.lookup(b) for b in bins], self.bias.get((source, regime), 0.0),
+                        self._scaling(source, regime), [b[3] for b in bins])
 
     def record(self, source: str, regime: str, freq: list[float], count: list[int], match: list[int],
                num_verified: int, num_accepted: int, predicted: Sequence[float] | None = None,
@@ -172,6 +191,9 @@ class SourceCalibration:
         by_source = self.tables.setdefault(regime, {})
         if source not in by_source:
             prior = self._resolved(source, regime)
+            scaling = self._scaling(source, regime)  # the scaling of those counts comes along with them
+            if scaling is not None:
+                self.scaling.setdefault((source, regime), scaling)
             by_source[source] = SourceTable({k: list(v) for k, v in prior.counts.items()} if prior else {},
                                             prior.prior_weight if prior else 4.0)
         table = by_source[source]
@@ -179,16 +201,25 @@ class SourceCalibration:
             table.add(feature_bins(freq[k], count[k], match[k], k + 1), k < num_accepted)
 
     def to_dict(self) -> dict:
-        return {"format": "binned-v1", "tables": {r: {s: {"counts": t.counts, "prior_weight": t.prior_weight}
-                                                      for s, t in by_source.items()}
-                                                  for r, by_source in self.tables.items()}}
+        out = {"format": "binned-v1", "tables": {r: {s: {"counts": t.counts, "prior_weight": t.prior_weight}
+                                                     for s, t in by_source.items()}
+                                                 for r, by_source in self.tables.items()}}
+        if self.scaling:
+            out["scaling"] = {f"{s}/{r}": [list(p) for p in params] for (s, r), params in self.scaling.items()}
+        return out
 
     @classmethod
     def from_dict(cls, data: dict) -> SourceCalibration:
         if data.get("format") != "binned-v1":
             raise ValueError(f"unknown source calibration format {data.get('format')!r}")
+        scaling = {}
+        for key, params in (data.get("scaling") or {}).items():
+            source, _, regime = key.partition("/")
+            if len(params) != _NUM_K or any(len(p) != 2 or not p[0] > 0 for p in params):
+                raise ValueError(f"scaling of {key}: expected {_NUM_K} pairs (T > 0, s), got {params!r}")
+            scaling[(source, regime)] = [(float(t), float(b)) for t, b in params]
         return cls({r: {s: SourceTable(dict(t["counts"]), float(t["prior_weight"])) for s, t in by_source.items()}
-                    for r, by_source in data["tables"].items()})
+                    for r, by_source in data["tables"].items()}, scaling)
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(self.to_dict(), separators=(",", ":")))
@@ -198,9 +229,61 @@ class SourceCalibration:
         return cls.from_dict(json.loads(path.read_text()))
 
 
-def _shifted(cells: list[float], bias: float) -> list[float]:
-    """σ(logit(c) + bias) of every c (the cells themselves when there is no shift)."""
-    if bias == 0.0:
+def _shifted(cells: list[float], bias: float, scaling: list[tuple[float, float]] | None = None,
+             position_bins: list[int] | None = None) -> list[float]:
+    """σ(logit(c) / T_k + s_k + bias) of every c (the cells themselves when there is neither a shift nor a
+    scaling); c's position bin k is `position_bins`' entry, or, without it, its index modulo the number of bins
+    (the (f, n, m, k) row-major layout of a whole table)."""
+    if bias == 0.0 and not scaling:
         return cells
     c = np.clip(np.asarray(cells, dtype=np.float64), 1e-6, 1 - 1e-6)
-    return (1.0 / (1.0 + np.exp(-(np.log(c / (1.0 - c)) + bias)))).tolist()
+    logit = np.log(c / (1.0 - c))
+    if scaling:
+        k = np.asarray(position_bins, dtype=np.int64) if position_bins is not None else np.arange(len(c)) % _NUM_K
+        temps, shifts = np.asarray(scaling, dtype=np.float64).T
+        logit = logit / temps[k] + shifts[k]
+    return (1.0 / (1.0 + np.exp(-(logit + bias)))).tolist()
+
+
+def fit_scaling(conditionals: list[list[float]], num_verified: list[int], num_accepted: list[int],
+                temps: Sequence[float] = tuple(np.geomspace(0.5, 2.0, 25)),
+                shifts: Sequence[float] = tuple(np.linspace(-1.0, 1.0, 41))) -> list[tuple[float, float]]:
+    """(T_k, s_k) per position bin for rounds of one (source, regime): `conditionals[i]` the tables' c of round
+    i's positions, verified up to num_verified[i], accepted up to num_accepted[i]. Bin after bin (1, 2, 3, 4+),
+    the grid point whose prefix survival a_k has the least log-loss on the bin's verified positions, given the
+    bins before it (sequential, as STS); a bin without rounds keeps (1, 0)."""
+    gamma = max((len(c) for c in conditionals), default=0)
+    params = [(1.0, 0.0)] * _NUM_K
+    if gamma == 0:
+        return params
+    logit = np.zeros((len(conditionals), gamma))
+    valid = np.zeros((len(conditionals), gamma), dtype=bool)
+    label = np.zeros((len(conditionals), gamma))
+    for i, (c, v, n) in enumerate(zip(conditionals, num_verified, num_accepted)):
+        cc = np.clip(np.asarray(c, dtype=np.float64), 1e-6, 1 - 1e-6)
+        logit[i, :len(cc)] = np.log(cc / (1 - cc))
+        valid[i, :min(v, len(cc))] = True
+        label[i, :n] = 1.0
+    pos_bin = np.minimum(np.arange(gamma), _NUM_K - 1)
+    grid_t, grid_s = np.meshgrid(np.asarray(temps, dtype=np.float64), np.asarray(shifts, dtype=np.float64))
+    grid_t, grid_s = grid_t.ravel(), grid_s.ravel()
+    log_prefix = np.zeros(len(conditionals))  # log a_{k-1} under the bins fitted so far
+    for b in range(_NUM_K):
+        cols = [k for k in range(gamma) if pos_bin[k] == b]
+        if not cols or not valid[:, cols].any():
+            break
+        # every grid point at once: (G, rounds) log c'_k of each column in the bin, accumulated along the bin
+        loss = np.zeros(len(grid_t))
+        acc = np.broadcast_to(log_prefix, (len(grid_t), len(log_prefix))).copy()
+        for k in cols:
+            z = logit[:, k][None, :] / grid_t[:, None] + grid_s[:, None]
+            acc += -np.logaddexp(0.0, -z)  # log σ(z)
+            m = valid[:, k]
+            a = np.clip(np.exp(acc[:, m]), 1e-9, 1 - 1e-9)
+            y = label[m, k][None, :]
+            loss += -(y * np.log(a) + (1 - y) * np.log1p(-a)).sum(axis=1)
+        best = int(np.argmin(loss))
+        params[b] = (float(grid_t[best]), float(grid_s[best]))
+        for k in cols:
+            log_prefix = log_prefix - np.logaddexp(0.0, -(logit[:, k] / params[b][0] + params[b][1]))
+    return params
