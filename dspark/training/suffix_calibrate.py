@@ -38,7 +38,7 @@ def collect(engine: Engine, drafter: SuffixDrafter, prompts: list[list[int]], te
     """Generate `prompts`; rounds of prompt i go into `fit` for even i, `scale` for i = 1 mod 4 and `held` for
     i = 3 mod 4."""
     ids = itertools.count()
-    half: dict[str, int] = {}
+    part_of: dict[str, int] = {}  # request id -> its prompt index mod 4
     original = drafter.feedback
 
     def record(request_ids: list[str], num_verified: list[int], num_accepted: list[int]) -> None:
@@ -47,7 +47,7 @@ def collect(engine: Engine, drafter: SuffixDrafter, prompts: list[list[int]], te
             if p is None or n_ver == 0:
                 continue
             w = p.walk
-            part = half.get(rid, 0)
+            part = part_of.get(rid, 0)
             if part % 2 == 0:
                 fit.record(p.source, p.regime, w.freq, w.count, w.match, n_ver, n_acc)
             else:
@@ -60,7 +60,7 @@ def collect(engine: Engine, drafter: SuffixDrafter, prompts: list[list[int]], te
         for i in range(0, len(prompts), batch_size):
             group = prompts[i:i + batch_size]
             for j in range(len(group)):
-                half[f"cal-{temperature}-{i + j}"] = (i + j) % 4
+                part_of[f"cal-{temperature}-{i + j}"] = (i + j) % 4
             params = [SamplingParams(max_tokens=max_new_tokens, temperature=temperature, seed=seed + i + j)
                       for j in range(len(group))]
             for p, sp in zip(group, params):
