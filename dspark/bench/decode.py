@@ -87,7 +87,7 @@ def run_interleaved(engines: dict[str, Engine], prompts: list[list[int]], max_ne
         for i, prompt in enumerate(prompts):
             for name in _rotated(names, i + r):
                 engine = engines[name]
-                if isinstance(engine.drafter, OracleDrafter):
+                if r == 0 and isinstance(engine.drafter, OracleDrafter):  # it keeps it for the later rounds
                     engine.drafter.set_continuation(prompt, prompt + outs[BASE][i])
                 t0 = time.perf_counter()
                 out = engine.generate([prompt], params)[0].output_ids
@@ -214,7 +214,7 @@ def bench_decode(target: TargetModel, drafters: list[str], batch_sizes: list[int
             return _engine(name, target, bs, max_len, scheduler, num_draft_tokens, sps_profile, draft_gate,
                            checkpoints or {})
 
-        engines: dict[str, Engine] = {}
+        engines: dict[str, Engine]
         if bs == 1:  # every arm at once, taking turns prompt by prompt
             engines = {name: engine_for(name) for name in [BASE, *drafters]}
             arms = run_interleaved(engines, arm_prompts, max_new_tokens, rounds)

@@ -149,7 +149,7 @@ def calibrate_cmd(
     if kept is not None:
         fit.tables = kept
     tables_only = heldout_ece(fit, held, gamma)
-    scalings = fit_scalings(fit, scale, held, gamma)
+    scalings = fit_scalings(fit, scale, held, gamma, tables_only)
     report = {"num_prompts": len(prompts), "temperatures": temperature, "wall_s": round(time.perf_counter() - t0, 1),
               "tables": "kept" if keep_tables else "fitted",
               "trials": {r: {s: t.num_trials for s, t in by.items()} for r, by in fit.tables.items()},

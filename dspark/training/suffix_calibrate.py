@@ -73,15 +73,14 @@ def collect(engine: Engine, drafter: SuffixDrafter, prompts: list[list[int]], te
         drafter.feedback = original  # type: ignore[method-assign]
 
 
-def fit_scalings(calibration: SourceCalibration, scale: RoundLog, held: RoundLog, gamma: int) -> dict:
+def fit_scalings(calibration: SourceCalibration, scale: RoundLog, held: RoundLog, gamma: int, before: dict) -> dict:
     """The prefix-survival scaling of every (source, regime) with rounds in `scale`, on the tables' c_k, kept
     only where it lowers that source's ECE on the `held` rounds (a few hundred rounds of a rarely chosen source
     fit a scaling that reads the noise: s37, the served source's held-out ECE 2.8 -> 3.9 %). Returns, per
-    "source/regime", the scaling and whether it was kept."""
+    "source/regime", the scaling and whether it was kept. `before`: `heldout_ece` of the tables alone."""
     groups: dict[tuple[str, str], list[tuple]] = {}
     for row in scale.rows:
         groups.setdefault((row[0], row[1]), []).append(row)
-    before = heldout_ece(calibration, held, gamma)
     out: dict = {}
     for (source, regime), rows in groups.items():
         conds = [calibration.conditional(source, regime, freq, count, match) for _, _, freq, count, match, _, _ in rows]
