@@ -4,7 +4,8 @@
 #      oracle, at batch 1 and 8, every drafter under Algorithm 1 (greedy scheduler), per domain; at batch 1
 #      the arms take turns prompt by prompt, ROUNDS (default 2) times over the prompts;
 #   2. `dspark bench serve --interleave`: no-spec, the hybrid under Algorithm 1 ("scheduled") and MTP-1 over
-#      HTTP, C = 1..32, 128 tokens, WAVES (default 2) waves of C requests per level and pass, so a level
+#      HTTP, C = LEVELS (default 1..32), 128 tokens, PASSES (default 2) interleaved passes per level, WAVES
+#      (default 2) waves of C requests per level and pass, so a level
 #      measures continuous batching and not only the drain of one batch of C requests (ARM_CONFIG=
 #      configs/bench/suffix_arm.yaml adds the training-free sources alone as the arm "suffix"; ARM_THREADS,
 #      default 2: torch threads per arm, the arms taking turns on the cores; MAX_MODEL_LEN, default 1024: the
@@ -37,7 +38,7 @@ if [ "$WHAT" = decode ] || [ "$WHAT" = all ]; then
 fi
 if [ "$WHAT" = serve ] || [ "$WHAT" = all ]; then
   .venv/bin/dspark bench serve --interleave --arms no-spec,scheduled,mtp1 --drafter hybrid --max-tokens 128 \
-    --arm-config "${ARM_CONFIG:-configs/bench/hybrid_arm.yaml}" --concurrency 1,2,4,8,16,32 --waves "${WAVES:-2}" --set "dtype=$DTYPE" \
+    --arm-config "${ARM_CONFIG:-configs/bench/hybrid_arm.yaml}" --concurrency "${LEVELS:-1,2,4,8,16,32}" --waves "${WAVES:-2}" --passes "${PASSES:-2}" --set "dtype=$DTYPE" \
     --set "num_threads=${ARM_THREADS:-2}" --set "max_model_len=${MAX_MODEL_LEN:-1024}" \
     ${PEER_URL:+--peer-url "$PEER_URL" --peer-model "${PEER_MODEL:-smollm2-135m-instruct}"} \
     ${PEER_PID:+--peer-pid "$PEER_PID"} \

@@ -20,7 +20,9 @@ from dspark.bench.load import (
     stream_one,
     summarize_level,
 )
+from dspark.bench.quartiles import quartiles
 from dspark.bench.serve_bench import ServeBenchConfig, pass_size, validate_arms
+from dspark.bench.serve_pairs import paired_summary, paired_tps_user_ratios
 from dspark.bench.serve_summary import spearman, summarize
 from dspark.cli import app
 
@@ -61,7 +63,7 @@ def test_bench_serve_sweeps_a_real_server_and_writes_json_and_plots(
         assert Path(path).read_bytes()[:8] == PNG_MAGIC
 
 
-def test_interleaved_arms_run_side_by_side_in_two_passes(
+def test_interleaved_arms_run_side_by_side_in_passes_and_pair_their_requests(
         tiny_target_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"):
         monkeypatch.setenv(var, "60")
@@ -69,10 +71,11 @@ def test_interleaved_arms_run_side_by_side_in_two_passes(
         "bench", "serve", "--target", str(tiny_target_dir), "--drafter", "ngram", "--num-draft-tokens", "4",
         "--arms", "no-spec,scheduled", "--interleave", "--concurrency", "1,2", "--num-requests", "4",
         "--num-warmup", "1", "--max-tokens", str(MAX_TOKENS), "--set", "max_model_len=512",
-        "--set", "num_threads=1", "--set", "draft_gate=false", "--keep-requests", "--alone"])
+        "--set", "num_threads=1", "--set", "draft_gate=false", "--keep-requests", "--alone", "--passes", "3"])
     assert res.exit_code == 0, res.output
     result = json.loads(res.stdout.strip().splitlines()[-1])
-    assert result["interleave"] is True and result["num_requests"] == {"1": 4, "2": 4}
+    # three passes of half the level's requests: in order, reversed, in order
+    assert result["interleave"] is True and result["passes"] == 3 and result["num_requests"] == {"1": 6, "2": 6}
     # who used the cores: the idle apps with no load, and per pass the arm under test (its replicas found by
     # their process titles) beside the rest; each arm again alone, beside its interleaved figure
     assert result["idle_cores"]["machine"] >= 0 and "peer" not in result["idle_cores"]
@@ -80,12 +83,13 @@ def test_interleaved_arms_run_side_by_side_in_two_passes(
     for name in ("no-spec", "scheduled"):
         arm = result["arms"][name]
         assert [lv["concurrency"] for lv in arm["alone_levels"]] == [1, 2] and arm["alone_error"] is None
-        assert all(lv["num_errors"] == 0 and lv["num_requests"] == 4 for lv in arm["alone_levels"])
-        # alone, each level runs as the interleaved ones do: two passes of half the requests
-        assert all(len(lv["pass_throughput_tok_s"]) == 2 for lv in arm["alone_levels"])
+        assert all(lv["num_errors"] == 0 and lv["num_requests"] == 6 for lv in arm["alone_levels"])
+        # alone, each level runs as the interleaved ones do: three passes of half the requests
+        assert all(len(lv["pass_throughput_tok_s"]) == 3 for lv in arm["alone_levels"])
         for level in arm["levels"]:
             passes = level["pass_cores_by_group"]
-            assert len(passes) == 2 and all(p.get(f"arm:{name}", 0) > 0 for p in passes), passes
+            assert len(passes) == 3 and all(p.get(f"arm:{name}", 0) > 0 for p in passes), passes
+            assert len(level["pass_tps_user_median"]) == 3 and min(level["pass_tps_user_median"]) > 0
         for c in ("1", "2"):
             row = fair["levels"][name][c]
             assert row["alone_tok_s"] > 0 and row["interleaved_tok_s"] > 0 and row["noise"] >= 0.05
@@ -98,14 +102,23 @@ def test_interleaved_arms_run_side_by_side_in_two_passes(
         assert arm["route_prefix"] == f"/{name}" and arm["config"]["cluster_name"] == f"bench-{name}"
         for level in arm["levels"]:
             assert level["num_errors"] == 0, level["errors"]
-            assert level["num_requests"] == 4  # two passes of 2
-            assert [r["completion_tokens"] for r in level["requests"]] == [MAX_TOKENS] * 4
-            assert len(level["pass_throughput_tok_s"]) == 2 and min(level["pass_throughput_tok_s"]) > 0
+            assert level["num_requests"] == 6  # three passes of 2
+            assert [r["completion_tokens"] for r in level["requests"]] == [MAX_TOKENS] * 6
+            assert len(level["pass_throughput_tok_s"]) == 3 and min(level["pass_throughput_tok_s"]) > 0
     # each route reached its own app: only the scheduled one verified drafts
     assert any(lv["mean_verify_len"] > 0 for lv in result["arms"]["scheduled"]["levels"])
     assert all(lv["mean_verify_len"] == 0 for lv in result["arms"]["no-spec"]["levels"])
     by_pass = result["summary"]["flags"]["scheduled_vs_no_spec_by_pass"]
-    assert set(by_pass) == {"1", "2"} and all(len(v) == 2 and min(v) > 0 for v in by_pass.values())
+    assert set(by_pass) == {"1", "2"} and all(len(v) == 3 and min(v) > 0 for v in by_pass.values())
+    # every scheduled request paired with no-spec's on the same prompt in the same pass; the reference has none
+    for level in result["arms"]["scheduled"]["levels"]:
+        paired = level["tps_user_paired"]
+        assert paired["reference"] == "no-spec" and paired["num_pairs"] == 6
+        assert 0 < paired["min"] <= paired["p25"] <= paired["p50"] <= paired["p75"] <= paired["max"]
+        ratios = result["summary"]["ratios"]["scheduled"][str(level["concurrency"])]
+        assert ratios["tps_user_paired_vs_no_spec"] == paired["p50"]
+        assert ratios["tps_user_vs_no_spec"] > 0
+    assert all("tps_user_paired" not in lv for lv in result["arms"]["no-spec"]["levels"])
 
 
 def test_merged_passes_pool_tokens_over_summed_time_and_pass_sizes_reach_the_level() -> None:
@@ -127,11 +140,39 @@ def test_merged_passes_pool_tokens_over_summed_time_and_pass_sizes_reach_the_lev
     assert num_warmup_for(LoadConfig(base_url="", num_warmup=0), 32) == 0
 
 
+def test_paired_ratios_match_request_i_of_each_pass_and_skip_failures() -> None:
+    def rec(decode_s: float, error: str | None = None) -> RequestRecord:
+        return RequestRecord(ttft_s=0.1, decode_s=decode_s, completion_tokens=9, error=error)
+
+    ref = [LevelResult(1, 1.0, [rec(1.0), rec(2.0)]), LevelResult(1, 1.0, [rec(4.0), rec(1.0)])]
+    arm = [LevelResult(1, 1.0, [rec(0.5), rec(1.0)]), LevelResult(1, 1.0, [rec(1.0), rec(1.0, "HTTP 500")])]
+    # 8 tokens after the first: 16 vs 8, 8 vs 4, 8 vs 2 tok/s; the failed request has no pair
+    assert paired_tps_user_ratios(arm, ref) == [2.0, 2.0, 4.0]
+    summary = paired_summary(arm, ref)
+    assert summary == {"p25": 2.0, "p50": 2.0, "p75": 3.0, "min": 2.0, "max": 4.0, "num_pairs": 3}
+    assert paired_summary([LevelResult(1, 1.0, [rec(1.0, "boom")])], [LevelResult(1, 1.0, [rec(1.0)])]) is None
+    with pytest.raises(ValueError, match="paired passes"):
+        paired_tps_user_ratios(arm, ref[:1])
+    assert quartiles([3.0]) == {"p25": 3.0, "p50": 3.0, "p75": 3.0, "min": 3.0, "max": 3.0}
+    with pytest.raises(ValueError):
+        quartiles([])
+
+
+def test_summary_gives_tps_user_ratios_of_medians_and_paired() -> None:
+    result = _result({"no-spec": [{**_level(2, 100), "tps_user_median": 40.0}],
+                      "scheduled": [{**_level(2, 140, 3.0), "tps_user_median": 60.0,
+                                     "tps_user_paired": {"reference": "no-spec", "p50": 1.55, "num_pairs": 8}}]})
+    ratios = summarize(result)["ratios"]["scheduled"]["2"]
+    assert ratios == {"vs_no_spec": 1.4, "tps_user_vs_no_spec": 1.5, "tps_user_paired_vs_no_spec": 1.55}
+
+
 def test_interleaved_arms_must_route_apart() -> None:
     cfg = ServeBenchConfig(arms={"a b": {"drafter": "none"}, "a-b": {"drafter": "none"}}, interleave=True)
     with pytest.raises(ValueError, match="clashing route prefixes"):
         validate_arms(cfg)
     validate_arms(ServeBenchConfig(arms={"a b": {"drafter": "none"}, "a-b": {"drafter": "none"}}))
+    with pytest.raises(ValueError, match="passes must be at least 2"):
+        validate_arms(ServeBenchConfig(arms={"a": {"drafter": "none"}}, interleave=True, passes=1))
 
 
 def _level(c: int, thr: float, verify_len: float | None = None) -> dict:

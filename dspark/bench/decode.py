@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
+from dspark.bench.quartiles import quartiles
 from dspark.config.engine import EngineConfig
 from dspark.models.drafters.base import Drafter
 from dspark.models.drafters.oracle import OracleDrafter
@@ -106,9 +107,7 @@ def run_interleaved(engines: dict[str, Engine], prompts: list[list[int]], max_ne
 def spread(base: ArmResult, arm: ArmResult) -> dict:
     """Quartiles of the per-prompt speedups (target-only's time over the arm's on the same prompt and tokens):
     how far one prompt's ratio sits from another's."""
-    ratios = sorted(b / a for b, a in zip(base.group_s, arm.group_s))
-    q = torch.tensor(ratios, dtype=torch.double).quantile(torch.tensor([0.25, 0.5, 0.75], dtype=torch.double))
-    return {"p25": float(q[0]), "p50": float(q[1]), "p75": float(q[2]), "min": ratios[0], "max": ratios[-1]}
+    return quartiles([b / a for b, a in zip(base.group_s, arm.group_s)])
 
 
 def hf_generate_tok_s(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int,

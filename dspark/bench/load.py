@@ -202,12 +202,18 @@ def output_throughput(level: LevelResult) -> float:
     return tokens / level.wall_s if level.wall_s > 0 else 0.0
 
 
+def tps_user_of(rec: RequestRecord) -> float | None:
+    """What its user saw: tokens after the first per second of decoding; None for a failed or one-token request."""
+    if rec.error is not None or not rec.decode_s or not rec.completion_tokens or rec.completion_tokens < 2:
+        return None
+    return (rec.completion_tokens - 1) / rec.decode_s
+
+
 def summarize_level(level: LevelResult, max_tokens: int, keep_requests: bool = False) -> dict:
     """The per-level figures; spec figures (τ, verification length) only from requests that report them."""
     ok = [r for r in level.records if r.error is None]
     errors = [r.error for r in level.records if r.error is not None]
-    tps_user = [(r.completion_tokens - 1) / r.decode_s for r in ok
-                if r.decode_s and r.completion_tokens and r.completion_tokens > 1]
+    tps_user = [t for t in map(tps_user_of, ok) if t is not None]
     ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
     spec = [r for r in ok if r.num_steps]
     num_steps = sum(r.num_steps or 0 for r in spec)

@@ -3,11 +3,12 @@
 An arm is a dict of ServeAppConfig overrides (so arms keep working as fields are added). By default each
 is started as a Ray Serve app on one HTTP port, swept over the concurrency levels, and deleted before the
 next. `interleave` starts every arm at once, each under its own route prefix and with its own named
-actors, and runs each level in two passes with half the requests each, arms in order and then in reverse
-(A B C, C B A): a machine that drifts over minutes then shifts every arm alike, and the two passes show
-how far one arm's figure moves between them. An already running OpenAI-compatible server (e.g. vLLM) can
-join as the extra arm "peer". The summary gives throughput ratios per level against `no-spec` and
-`fixed-k` and a few pass/fail flags.
+actors, and runs each level in passes (two by default, `passes` in all) with half the requests each, arms in
+order and then in reverse (A B C, C B A, A B C, ...): a machine that drifts over minutes then shifts every arm
+alike, and the passes show how far one arm's figure moves between them. Each arm's requests are also paired
+with the reference arm's (same prompt, same pass: serve_pairs.py), a ratio drift barely moves. An already
+running OpenAI-compatible server (e.g. vLLM) can join as the extra arm "peer". The summary gives throughput
+and TPS/user ratios per level against `no-spec` and `fixed-k` and a few pass/fail flags.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from dspark.bench.load import (
 )
 from dspark.bench.peer_process import paused
 from dspark.bench.serve_fairness import fairness_summary
+from dspark.bench.serve_pairs import paired_summary
 from dspark.bench.serve_summary import summarize
 from dspark.prompts.eval_sets import DOMAINS, load_turns
 
@@ -89,7 +91,9 @@ class ServeBenchConfig:
     health_timeout_s: float = 600.0
     host: str = "127.0.0.1"
     port: int | None = None  # None: a free one
-    interleave: bool = False  # all arms up at once; each level in two passes, A..Z then Z..A
+    interleave: bool = False  # all arms up at once; each level in `passes` passes, A..Z, Z..A, A..Z, ...
+    passes: int = 2  # with interleave: passes per level (and per level alone)
+    reference_arm: str = "no-spec"  # with interleave: the arm each other arm's requests are paired with
     alone: bool = False  # with interleave: also each arm with only itself deployed (serve_fairness.py)
     peer_pid: int | None = None  # the peer server's pid: paused (SIGSTOP) while our arms take their turn
     idle_probe_s: float = 10.0  # with interleave: cores the idle apps use with no load, over this long
@@ -108,6 +112,8 @@ def validate_arms(config: ServeBenchConfig) -> None:
             ServeAppConfig.model_validate(arm_args(config, name))
         except ValueError as exc:
             raise ValueError(f"arm {name!r}: {exc}") from exc
+    if config.passes < 2:
+        raise ValueError(f"passes must be at least 2 (arms in order, then reversed), got {config.passes}")
     if config.interleave:
         routes = [_route_name(name) for name in config.arms]
         if len(set(routes)) != len(routes):
@@ -202,13 +208,14 @@ def without_timelines(stats: dict) -> dict:
 def run_serve_bench(config: ServeBenchConfig) -> dict:
     """Run every arm (and the peer) over every level; returns the JSON-ready result with its summary."""
     validate_arms(config)
-    num_prompts = max(2 * pass_size(config.load, c) if config.interleave else num_requests_for(config.load, c)
-                      for c in config.concurrency) + config.load.num_warmup
+    num_prompts = max(config.passes * pass_size(config.load, c) if config.interleave
+                      else num_requests_for(config.load, c) for c in config.concurrency) + config.load.num_warmup
     prompts = config.prompts or mixed_chat_prompts(num_prompts, config.datasets, config.max_prompt_chars)
     result: dict[str, Any] = {
         "bench": "serve", "concurrency": list(config.concurrency), "max_tokens": config.load.max_tokens,
         "temperature": config.load.temperature, "seed": config.load.seed, "num_warmup": config.load.num_warmup,
-        "waves": config.load.waves, "num_requests": {str(c): 2 * pass_size(config.load, c) if config.interleave else
+        "waves": config.load.waves, "passes": config.passes if config.interleave else 1,
+        "num_requests": {str(c): config.passes * pass_size(config.load, c) if config.interleave else
                          num_requests_for(config.load, c) for c in config.concurrency},
         "num_prompts": len(prompts), "interleave": config.interleave, "base": config.base, "arms": {},
     }
@@ -286,8 +293,8 @@ def _run_one_by_one(config: ServeBenchConfig, prompts: list[Messages], bar: tqdm
             titles = {name: f"{APP_NAME}:"}
             for c in config.concurrency:
                 bar.set_postfix_str(f"C={c}")
-                if config.interleave:  # alone, compared with interleaved: the very same two passes, alone
-                    level = _two_passes_alone(config, load, prompts, c, titles)
+                if config.interleave:  # alone, compared with interleaved: the very same passes, alone
+                    level = _passes_alone(config, load, prompts, c, titles)
                 else:
                     lv, cores = measure(partial(run_level_sync, replace(load, num_requests=num_requests_for(
                         config.load, c)), prompts, c), titles, config.peer_pid)
@@ -311,20 +318,21 @@ def idle_cores(seconds: float, arm_titles: dict[str, str], peer_pid: int | None)
 
 
 def pass_size(load: LoadConfig, concurrency: int) -> int:
-    """Requests per interleaved pass: half the level's, but at least C (else the level is never reached)."""
+    """Requests per interleaved pass: half the level's (two passes make the level; more passes repeat them on
+    further prompts), but at least C (else the level is never reached)."""
     return max(-(-num_requests_for(load, concurrency) // 2), concurrency)
 
 
-def _two_passes_alone(config: ServeBenchConfig, load: LoadConfig, prompts: list[Messages], c: int,
-                      titles: dict[str, str]) -> dict[str, Any]:
-    """One level of an arm deployed alone, run exactly as `_run_interleaved` runs it: two passes of
-    `pass_size` requests, the second on the rotated prompts. Session 36 found the comparison unfair when the
+def _passes_alone(config: ServeBenchConfig, load: LoadConfig, prompts: list[Messages], c: int,
+                  titles: dict[str, str]) -> dict[str, Any]:
+    """One level of an arm deployed alone, run exactly as `_run_interleaved` runs it: `passes` passes of
+    `pass_size` requests, pass p on the prompts turned by p. Session 36 found the comparison unfair when the
     alone level was one run of both passes' requests: at C >= 8 that is two requests per client back to back
     (a second wave arriving into the first one's tail) against one per client per pass, and the alone figures
     came out 11-16 % lower with the arm's per-request decode time unchanged."""
     size = pass_size(config.load, c)
     parts, cores = [], []
-    for p in range(2):
+    for p in range(config.passes):
         part, used = measure(partial(run_level_sync, replace(load, num_requests=size), _rotated(prompts, p, size),
                                      c), titles, config.peer_pid)
         parts.append(part)
@@ -336,7 +344,7 @@ def _two_passes_alone(config: ServeBenchConfig, load: LoadConfig, prompts: list[
 
 
 def _rotated(prompts: list[Messages], p: int, size: int) -> list[Messages]:
-    """Pass p's prompts: the list turned by p passes, so the two passes send different prompts first."""
+    """Pass p's prompts: the list turned by p passes' worth, so each pass starts further along it."""
     return prompts[p * size:] + prompts[:p * size]
 
 
@@ -344,13 +352,16 @@ def _level_of_passes(config: ServeBenchConfig, parts: list[LevelResult], cores: 
     """One level's summary from its passes, with each pass's throughput and cores."""
     level = summarize_level(merge_levels(parts), config.load.max_tokens, config.keep_requests)
     level["pass_throughput_tok_s"] = [output_throughput(part) for part in parts]
+    level["pass_tps_user_median"] = [summarize_level(part, config.load.max_tokens)["tps_user_median"]
+                                     for part in parts]
     level["pass_cores_by_group"] = cores
     return level
 
 
 def _run_interleaved(config: ServeBenchConfig, prompts: list[Messages], bar: tqdm,
                      base_url: str, result: dict[str, Any]) -> dict[str, dict]:
-    """Every arm as its own app (route /<arm>, actors named after the arm), then the ABBA passes."""
+    """Every arm as its own app (route /<arm>, actors named after the arm), then the passes (A..Z, Z..A, ...);
+    each arm's requests paired with the reference arm's (serve_pairs.py)."""
     from ray import serve
 
     from dspark.cluster.app import build_app
@@ -379,10 +390,10 @@ def _run_interleaved(config: ServeBenchConfig, prompts: list[Messages], bar: tqd
         size = pass_size(config.load, c)
         passes: dict[str, list[LevelResult]] = {name: [] for name in live}
         cores: dict[str, list[dict[str, float]]] = {name: [] for name in live}
-        for p, order in enumerate((live, live[::-1])):
-            for name in order:
+        for p in range(config.passes):
+            for name in live if p % 2 == 0 else live[::-1]:
                 bar.set_description(name)
-                bar.set_postfix_str(f"C={c} pass {p + 1}/2")
+                bar.set_postfix_str(f"C={c} pass {p + 1}/{config.passes}")
                 load = replace(config.load, base_url=urls[name], num_requests=size)
                 part, used = measure(partial(run_level_sync, load, _rotated(prompts, p, size), c), titles,
                                      config.peer_pid)
@@ -390,6 +401,9 @@ def _run_interleaved(config: ServeBenchConfig, prompts: list[Messages], bar: tqd
                 cores[name].append(used)
         for name in live:
             level = _level_of_passes(config, passes[name], cores[name])
+            if name != config.reference_arm and config.reference_arm in passes:
+                paired = paired_summary(passes[name], passes[config.reference_arm])
+                level["tps_user_paired"] = paired and {"reference": config.reference_arm, **paired}
             arms[name]["levels"].append(_with_server_stats(level, urls[name], is_last=c == config.concurrency[-1]))
             bar.update(1)
     return arms

@@ -49,6 +49,7 @@ def spearman(xs: list[float], ys: list[float]) -> float | None:
 def summarize(result: dict) -> dict:
     """Throughput ratios per level vs `no-spec` and `fixed-k`, and flags for the arms that exist."""
     thr = {arm: _by_concurrency(result, arm, "output_throughput_tok_s") for arm in result["arms"]}
+    tps = {arm: _by_concurrency(result, arm, "tps_user_median") for arm in result["arms"]}
     ratios: dict[str, dict[str, dict[str, float]]] = {}
     for ref, tag in (("no-spec", "vs_no_spec"), ("fixed-k", "vs_fixed_k")):
         if not thr.get(ref):
@@ -57,6 +58,14 @@ def summarize(result: dict) -> dict:
             for c, value in by_c.items():
                 if thr[ref].get(c):
                     ratios.setdefault(arm, {}).setdefault(str(c), {})[tag] = value / thr[ref][c]
+                if tps[arm].get(c) and tps[ref].get(c):  # the issue's "median TPS/user" over the reference's
+                    ratios.setdefault(arm, {}).setdefault(str(c), {})[f"tps_user_{tag}"] = tps[arm][c] / tps[ref][c]
+    for arm in result["arms"]:  # request by request, paired with the reference arm's (interleaved runs)
+        for lv in result["arms"][arm].get("levels") or []:
+            paired = lv.get("tps_user_paired")
+            if paired:
+                ratios.setdefault(arm, {}).setdefault(str(lv["concurrency"]), {})[
+                    f"tps_user_paired_vs_{paired['reference'].replace('-', '_')}"] = paired["p50"]
     flags: dict[str, Any] = {}
     sched = thr.get("scheduled")
     if sched and thr.get("no-spec"):

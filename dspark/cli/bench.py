@@ -207,8 +207,11 @@ def bench_serve_cmd(
     timeout_s: float = typer.Option(600.0, min=1.0, help="Per-request timeout."),
     keep_requests: bool = typer.Option(False, help="Keep per-request records in the JSON."),
     interleave: bool = typer.Option(False, help="Start all arms at once (route /<arm>) and run each level in "
-                                    "two passes of half the requests, arms in order then reversed, so slow "
+                                    "passes of half the requests, arms in order then reversed, so slow "
                                     "drift of a shared machine hits every arm alike."),
+    passes: int = typer.Option(2, min=2, help="With --interleave: passes per level (A..Z, Z..A, A..Z, ...); each "
+                               "one more sends the level's half again, on further prompts. More passes, tighter "
+                               "ratios on a drifting machine."),
     alone: bool = typer.Option(False, help="With --interleave: also measure each arm with only itself deployed, "
                                "and report alone vs interleaved per level (summary.fairness)."),
     peer_pid: int | None = typer.Option(None, help="pid of the --peer-url server: paused (SIGSTOP) while our arms "
@@ -252,7 +255,7 @@ def bench_serve_cmd(
                           num_requests=num_requests, num_warmup=num_warmup, timeout_s=timeout_s, waves=waves)
         cfg = ServeBenchConfig(arms=arm_map, base=base, concurrency=levels, load=load, peer_url=peer_url,
                                peer_model=peer_model, keep_requests=keep_requests, interleave=interleave,
-                               alone=alone, peer_pid=peer_pid)
+                               alone=alone, peer_pid=peer_pid, passes=passes)
         with _front_door(front_door) as door:
             res = {**run_serve_bench(cfg), "front_door": door}
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
