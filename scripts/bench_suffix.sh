@@ -2,7 +2,8 @@
 # Issue 28's speed figures in one go, each a side-by-side run on this machine (nothing else should run):
 #   1. `dspark bench decode`: the hybrid against the suffix sources alone, prompt lookup, DSpark and the
 #      oracle, at batch 1 and 8, every drafter under Algorithm 1 (greedy scheduler), per domain; at batch 1
-#      the arms take turns prompt by prompt, ROUNDS (default 2) times over the prompts;
+#      the arms take turns prompt by prompt, ROUNDS (default 2) times over the prompts; at batch 8 (32
+#      prompts through 8 slots) they take turns run by run, ROUNDS runs each;
 #   2. `dspark bench serve --interleave`: no-spec, the hybrid under Algorithm 1 ("scheduled") and MTP-1 over
 #      HTTP, C = LEVELS (default 1..32), 128 tokens, PASSES (default 2) interleaved passes per level, WAVES
 #      (default 2) waves of C requests per level and pass, so a level

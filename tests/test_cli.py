@@ -64,15 +64,22 @@ def test_bench_decode_refills_the_batch_from_waves_of_prompts(tiny_target_dir):
             "--max-new-tokens", "6", "--num-draft-tokens", "3", "--scheduler", "greedy", "--hf-dtypes", "",
             "--drafters", "ngram"]
     for waves, num_prompts in ((3, 6), (1, 2)):
-        res = runner.invoke(app, [*args, "--waves", str(waves)])
+        res = runner.invoke(app, [*args, "--waves", str(waves), "--rounds", "2"])
         assert res.exit_code == 0, res.output
         out = json.loads(res.stdout.strip().splitlines()[-1])
         b2 = out["batch2"]
         assert out["waves"] == waves and b2["num_prompts"] == num_prompts
         assert b2["continuous_batching"] is (waves > 1) and out["batch1"]["continuous_batching"] is False
-        assert b2["drafters"]["ngram"]["greedy_identical_to_target_only"]
+        ngram = b2["drafters"]["ngram"]
+        assert ngram["greedy_identical_to_target_only"]
         if waves > 1:  # the steady state ends where the queue runs dry: at most the whole run's tokens and time
-            assert 0 < b2["target_only_steady_tok_s"] and "steady_speedup_vs_target_only" in b2["drafters"]["ngram"]
+            assert 0 < b2["target_only_steady_tok_s"] and "steady_speedup_vs_target_only" in ngram
+            # whole runs in turn, two rounds: the pooled speedup lies between the two rounds' own
+            assert b2["arms_in_turn"] and b2["rounds"] == 2 and len(ngram["speedup_by_round"]) == 2
+            assert min(ngram["speedup_by_round"]) - 1e-9 <= ngram["speedup_vs_target_only"] \
+                <= max(ngram["speedup_by_round"]) + 1e-9
+        else:  # closed batches: one arm after another, once
+            assert not b2["arms_in_turn"] and "speedup_by_round" not in ngram
 
 
 def test_bench_decode_at_batch_1_runs_the_arms_in_turn_on_every_prompt(tiny_target_dir):

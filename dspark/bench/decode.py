@@ -6,7 +6,9 @@ arm decodes the same number of tokens), a warm-up per arm. Figures are ratios fr
 At batch 1 the arms take turns prompt by prompt (target-only among them, the order rotated each prompt), so a
 slow spell of a shared host lands on every arm instead of on whichever ran then: run one after another, two
 runs on one 2-core KVM EPYC put the same suffix arm (same τ, same verify lengths) at 1.78x and 2.10x of a
-target-only measured once before it. Each speedup comes with the spread of its per-prompt ratios.
+target-only measured once before it. Each speedup comes with the spread of its per-prompt ratios. At batch
+B > 1 with continuous batching a run is one whole batch, so there the arms take turns run by run, `rounds` runs
+each, and each speedup comes with its per-round ratios.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import copy
 import gc
 import time
 from dataclasses import dataclass
+from statistics import fmean
 
 import torch
 from tqdm import tqdm
@@ -39,7 +42,12 @@ class ArmResult:
     verify_ms: float  # mean per step
     outputs: list[list[int]]
     group_s: list[float]  # wall time of each batch_size group, in order
-    steady_tok_s: float | None = None  # continuous batching: tok/s until the queue ran dry (see _generate_refilled)
+    steady: tuple[int, float] | None = None  # continuous batching: (tokens, s) until the queue ran dry
+
+    @property
+    def steady_tok_s(self) -> float | None:
+        """Continuous batching: tok/s until the queue ran dry (see _generate_refilled)."""
+        return self.steady[0] / self.steady[1] if self.steady else None
 
 
 BASE = "target-only"
@@ -58,7 +66,7 @@ def _summary(engine: Engine, outs: list[list[int]], group_s: list[float],
                      mean_verify_len=verified / max(num_rounds, 1),
                      draft_ms=sum(s.draft_ms for s in stats) / num_steps,
                      verify_ms=sum(s.verify_ms for s in stats) / num_steps, outputs=outs,
-                     group_s=group_s, steady_tok_s=steady[0] / steady[1] if steady else None)
+                     group_s=group_s, steady=steady)
 
 
 def _rotated(names: list[str], shift: int) -> list[str]:
@@ -102,6 +110,39 @@ def run_interleaved(engines: dict[str, Engine], prompts: list[list[int]], max_ne
                 bar.update()
     bar.close()
     return {n: _summary(engines[n], outs[n], [s / rounds for s in secs[n]]) for n in names}
+
+
+def run_refilled_in_turn(engines: dict[str, Engine], prompts: list[list[int]], batch_size: int,
+                         max_new_tokens: int, rounds: int = 1) -> tuple[dict[str, ArmResult], dict[str, list[float]]]:
+    """Batch > 1, continuous batching: each arm's whole run (every prompt through the `batch_size` slots) in
+    turn, the order rotated per round, `rounds` rounds. An arm's figures pool its rounds (tokens over seconds);
+    also returns each arm's tok/s per round, to pair with target-only's of the same round. An oracle arm is
+    handed target-only's outputs before its first turn."""
+    names = list(engines)
+    runs: dict[str, list[ArmResult]] = {n: [] for n in names}
+    for r in range(rounds):
+        for name in _rotated(names, r):
+            engine = engines[name]
+            if r == 0 and isinstance(engine.drafter, OracleDrafter):
+                for p, o in zip(prompts, runs[BASE][0].outputs):
+                    engine.drafter.set_continuation(p, p + o)
+            run = run_engine(engine, prompts, batch_size, max_new_tokens, refill=True)
+            if runs[name] and run.outputs != runs[name][0].outputs:  # greedy: a bug, not noise
+                raise RuntimeError(f"{name}: batch {batch_size} decoded differently in round {r}")
+            runs[name].append(run)
+    return {n: _pooled(rs) for n, rs in runs.items()}, {n: [run.tok_s for run in rs] for n, rs in runs.items()}
+
+
+def _pooled(runs: list[ArmResult]) -> ArmResult:
+    """One arm's figures over runs of the same prompts: tok/s (and the steady state's) as tokens over seconds,
+    the per-step means as means over the runs."""
+    tokens = sum(map(len, runs[0].outputs))
+    steadies = [run.steady for run in runs if run.steady]
+    return ArmResult(tok_s=tokens * len(runs) / sum(sum(run.group_s) for run in runs),
+                     tau=fmean(run.tau for run in runs), mean_verify_len=fmean(run.mean_verify_len for run in runs),
+                     draft_ms=fmean(run.draft_ms for run in runs), verify_ms=fmean(run.verify_ms for run in runs),
+                     outputs=runs[0].outputs, group_s=[s for run in runs for s in run.group_s],
+                     steady=(sum(t for t, _ in steadies), sum(s for _, s in steadies)) if steadies else None)
 
 
 def spread(base: ArmResult, arm: ArmResult) -> dict:
@@ -214,10 +255,14 @@ def bench_decode(target: TargetModel, drafters: list[str], batch_sizes: list[int
                            checkpoints or {})
 
         engines: dict[str, Engine]
+        by_round: dict[str, list[float]] = {}
         if bs == 1:  # every arm at once, taking turns prompt by prompt
             engines = {name: engine_for(name) for name in [BASE, *drafters]}
             arms = run_interleaved(engines, arm_prompts, max_new_tokens, rounds)
-        else:  # one arm after another (each continuous batch runs whole)
+        elif refill:  # every arm at once, taking turns run by run (each continuous batch runs whole)
+            engines = {name: engine_for(name) for name in [BASE, *drafters]}
+            arms, by_round = run_refilled_in_turn(engines, arm_prompts, bs, max_new_tokens, rounds)
+        else:  # one arm after another, closed batches of bs
             engines = {BASE: engine_for(BASE)}
             arms = {BASE: run_engine(engines[BASE], arm_prompts, bs, max_new_tokens, refill)}
             for name in drafters:
@@ -229,7 +274,7 @@ def bench_decode(target: TargetModel, drafters: list[str], batch_sizes: list[int
         base = arms[BASE]
         block: dict = {"target_only_tok_s": base.tok_s, "target_only_step_ms": base.verify_ms, "drafters": {},
                        "num_prompts": len(arm_prompts), "continuous_batching": refill,
-                       "arms_in_turn": bs == 1, **({"rounds": rounds} if bs == 1 else {})}
+                       "arms_in_turn": bs == 1 or refill, **({"rounds": rounds} if bs == 1 or refill else {})}
         if refill:
             block["target_only_steady_tok_s"] = base.steady_tok_s
         if bs == 1 and "fp32" in hf:
@@ -244,6 +289,7 @@ def bench_decode(target: TargetModel, drafters: list[str], batch_sizes: list[int
                 **({"steady_tok_s": arm.steady_tok_s,
                     "steady_speedup_vs_target_only": arm.steady_tok_s / base.steady_tok_s}
                    if refill and arm.steady_tok_s and base.steady_tok_s else {}),
+                **({"speedup_by_round": [a / b for a, b in zip(by_round[name], by_round[BASE])]} if by_round else {}),
                 "speedup_vs_hf": arm.tok_s / best_hf if best_hf else None,
                 "scheduler": engine.config.scheduler,
                 "draft_ms_per_step": arm.draft_ms, "verify_ms_per_step": arm.verify_ms,

@@ -29,7 +29,8 @@ def bench_decode_cmd(
     num_prompts: int = typer.Option(4, min=1, help="Prompts decoded one by one at batch 1, every arm in turn on "
                                     "each (target-only among them, the order rotated prompt by prompt)."),
     rounds: int = typer.Option(1, min=1, help="At batch 1: times over the prompts (each arm's time per prompt is "
-                               "its mean), for ratios on a noisy host."),
+                               "its mean); at batch > 1 with --waves > 1: whole runs per arm, the arms in turn "
+                               "(pooled, with the per-round ratios); for ratios on a noisy host."),
     max_new_tokens: int = typer.Option(128, min=1),
     scheduler: str = typer.Option("fixed", help="Scheduler for the non-oracle drafters."),
     num_draft_tokens: int = typer.Option(7, min=1),
