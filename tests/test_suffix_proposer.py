@@ -424,6 +424,40 @@ def test_a_tenants_finished_requests_draft_its_next_ones_and_no_one_elses():
     assert out.tokens[1] == [] and out.sources[1] == ""  # tenant b never sees tenant a's text
 
 
+def _served_only_drafter() -> SuffixDrafter:
+    config = SuffixConfig(sources=("request", "served"), live_calibration=False, live_bias_rate=0.0)
+    config.served.min_rebuild_tokens = 4
+    drafter = SuffixDrafter(None, SourceCalibration(), config)
+    drafter.served.background = False  # every finished request is indexed before the next one drafts
+    return drafter
+
+
+def test_a_benchmarks_second_round_drafts_as_its_first_did_not_from_its_outputs(tiny_target):
+    """bench decode's rounds decode the same prompts again: each round's outputs join a served store of its own,
+    so round 2 measures what round 1 did (sharing one, the served source drafted round 1's outputs back)."""
+    from dspark.bench.decode import run_interleaved
+
+    prompts = tiny_prompts(tiny_target.model.config.vocab_size)[:3]
+    cfg = EngineConfig(target=tiny_target.name, drafter="custom", scheduler="fixed", scheduler_kwargs={"k": 4},
+                       num_draft_tokens=4, max_num_seqs=1, max_model_len=256)
+
+    def tau(rounds: int) -> float:
+        engine = Engine(cfg, target=tiny_target, drafter=_served_only_drafter())
+        return run_interleaved({"served": engine}, prompts, 24, rounds)["served"].tau
+
+    once, twice = tau(1), tau(2)
+    assert twice == pytest.approx(once)
+    # and what the separate stores prevent: the same prompts again in one store draft their earlier outputs
+    drafter = _served_only_drafter()
+    engine = Engine(cfg, target=tiny_target, drafter=drafter)
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    engine.generate([prompts[0]], params)
+    engine.stats.clear()
+    engine.generate([prompts[0]], params)
+    recalled = sum(sum(s.num_accepted) + s.num_requests for s in engine.stats) / len(engine.stats)
+    assert recalled > once + 0.5
+
+
 # ---- `dspark suffix calibrate` ---------------------------------------------------------------------------
 def _calibration_corpus(folder: Path, vocab: int) -> None:
     """A shard of self-distilled-like records, half of their prompts in the held-out split at fraction 0.5."""

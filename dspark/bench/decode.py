@@ -69,6 +69,14 @@ def _summary(engine: Engine, outs: list[list[int]], group_s: list[float],
                      group_s=group_s, steady=steady)
 
 
+def _tenant(round_: int) -> str:
+    """Whose served text a round's outputs join (the suffix proposer's served source): one store per round.
+    Round 2 decodes round 1's prompts again; sharing a store, the served source drafted round 1's outputs
+    back (an oracle): on a Xeon the hybrid's second round at batch 8 read 2.42x target-only against 1.23x in
+    its first (s39)."""
+    return f"bench-round-{round_}"
+
+
 def _rotated(names: list[str], shift: int) -> list[str]:
     """The arms' order at prompt `shift`: rotated, with the oracle after target-only (it replays its output)."""
     shift %= len(names)
@@ -84,7 +92,7 @@ def run_interleaved(engines: dict[str, Engine], prompts: list[list[int]], max_ne
     """Batch 1, the arms in turn on each prompt (order rotated per prompt and round), `rounds` times over the
     prompts; each arm's time per prompt is its mean over the rounds. An oracle arm (OracleDrafter) is handed
     target-only's output for a prompt before its turn on it."""
-    params = SamplingParams(max_tokens=max_new_tokens, ignore_eos=True)
+    params = [SamplingParams(max_tokens=max_new_tokens, ignore_eos=True, tenant=_tenant(r)) for r in range(rounds)]
     names = list(engines)
     for engine in engines.values():
         engine.generate([prompts[0][:8]], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
@@ -99,7 +107,7 @@ def run_interleaved(engines: dict[str, Engine], prompts: list[list[int]], max_ne
                 if r == 0 and isinstance(engine.drafter, OracleDrafter):  # it keeps it for the later rounds
                     engine.drafter.set_continuation(prompt, prompt + outs[BASE][i])
                 t0 = time.perf_counter()
-                out = engine.generate([prompt], params)[0].output_ids
+                out = engine.generate([prompt], params[r])[0].output_ids
                 if engine.runner.device.type == "cuda":
                     torch.cuda.synchronize()
                 secs[name][i] += time.perf_counter() - t0
@@ -126,7 +134,7 @@ def run_refilled_in_turn(engines: dict[str, Engine], prompts: list[list[int]], b
             if r == 0 and isinstance(engine.drafter, OracleDrafter):
                 for p, o in zip(prompts, runs[BASE][0].outputs):
                     engine.drafter.set_continuation(p, p + o)
-            run = run_engine(engine, prompts, batch_size, max_new_tokens, refill=True)
+            run = run_engine(engine, prompts, batch_size, max_new_tokens, refill=True, tenant=_tenant(r))
             if runs[name] and run.outputs != runs[name][0].outputs:  # greedy: a bug, not noise
                 raise RuntimeError(f"{name}: batch {batch_size} decoded differently in round {r}")
             runs[name].append(run)
@@ -170,10 +178,11 @@ def hf_generate_tok_s(model: torch.nn.Module, prompts: list[list[int]], max_new_
 
 
 def run_engine(engine: Engine, prompts: list[list[int]], batch_size: int, max_new_tokens: int,
-               refill: bool = False) -> ArmResult:
+               refill: bool = False, tenant: str = "") -> ArmResult:
     """Decode all prompts end to end incl. prefill: batch_size at a time (each group admitted together and
-    run to its end), or with `refill` all at once through the engine's slots (continuous batching)."""
-    params = SamplingParams(max_tokens=max_new_tokens, ignore_eos=True)
+    run to its end), or with `refill` all at once through the engine's slots (continuous batching). `tenant`:
+    whose served text the outputs join (see `_tenant`)."""
+    params = SamplingParams(max_tokens=max_new_tokens, ignore_eos=True, tenant=tenant)
     engine.generate([prompts[0][:8]], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
     engine.stats.clear()
     outs: list[list[int]] = []

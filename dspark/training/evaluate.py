@@ -76,13 +76,16 @@ class Rounds:
 
 
 def run_rounds(engine: Engine, prompts: list[list[int]], temperature: float, max_new_tokens: int,
-               seed: int, batch_size: int) -> Rounds:
+               seed: int, batch_size: int, tenant: str = "") -> Rounds:
+    """Generate `prompts`, `batch_size` at a time, and keep every verification round. `tenant`: whose served
+    text the outputs join and draft from (the suffix proposer's served source): a run that decodes the same
+    prompts again (another temperature) gives each pass its own, or its drafts recall the earlier outputs."""
     rounds = Rounds()
     for i in range(0, len(prompts), batch_size):
         engine.stats.clear()
         group = prompts[i:i + batch_size]
-        params = [SamplingParams(max_tokens=max_new_tokens, temperature=temperature, seed=seed + i + j)
-                  for j in range(len(group))]
+        params = [SamplingParams(max_tokens=max_new_tokens, temperature=temperature, seed=seed + i + j,
+                                 tenant=tenant) for j in range(len(group))]
         engine.generate(group, params)
         for s in engine.stats:
             for r, (v, n) in enumerate(zip(s.lengths, s.num_accepted)):
@@ -129,7 +132,7 @@ def evaluate(target: TargetModel, drafter: Drafter, datasets: list[str], tempera
         for ds in tqdm(datasets, desc=f"eval T={temp}"):
             prompts = [chat_prompt_ids(target.tokenizer, t) for t in load_turns(ds, num_prompts)]
             prompts = [p for p in prompts if len(p) + max_new_tokens + gamma + 2 <= 2048]
-            r = run_rounds(engine, prompts, temp, max_new_tokens, seed, batch_size)
+            r = run_rounds(engine, prompts, temp, max_new_tokens, seed, batch_size, tenant=f"eval-T={temp}")
             pooled.extend(r)
             name = ds.rsplit("/", 1)[-1].removesuffix(".jsonl")
             per_ds[name] = {"tau": r.tau, "domain": DOMAINS.get(name, "custom"), "num_rounds": len(r.num_accepted),

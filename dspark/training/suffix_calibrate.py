@@ -36,7 +36,9 @@ def collect(engine: Engine, drafter: SuffixDrafter, prompts: list[list[int]], te
             max_new_tokens: int, batch_size: int, seed: int, fit: SourceCalibration, scale: RoundLog,
             held: RoundLog, progress: tqdm | None = None) -> None:
     """Generate `prompts`; rounds of prompt i go into `fit` for even i, `scale` for i = 1 mod 4 and `held` for
-    i = 3 mod 4."""
+    i = 3 mod 4. Each temperature's outputs join a served store of its own (the tenant `cal-T=<t>`): the same
+    prompts at the next temperature would otherwise draft from the previous one's outputs, and the served
+    source's survival be fitted on recall."""
     ids = itertools.count()
     part_of: dict[str, int] = {}  # request id -> its prompt index mod 4
     original = drafter.feedback
@@ -61,8 +63,8 @@ def collect(engine: Engine, drafter: SuffixDrafter, prompts: list[list[int]], te
             group = prompts[i:i + batch_size]
             for j in range(len(group)):
                 part_of[f"cal-{temperature}-{i + j}"] = (i + j) % 4
-            params = [SamplingParams(max_tokens=max_new_tokens, temperature=temperature, seed=seed + i + j)
-                      for j in range(len(group))]
+            params = [SamplingParams(max_tokens=max_new_tokens, temperature=temperature, seed=seed + i + j,
+                                     tenant=f"cal-T={temperature}") for j in range(len(group))]
             for p, sp in zip(group, params):
                 engine.add_request(p, sp, request_id=f"cal-{temperature}-{next(ids)}")
             while engine.has_unfinished():
