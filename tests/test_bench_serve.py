@@ -166,6 +166,24 @@ def test_summary_gives_tps_user_ratios_of_medians_and_paired() -> None:
     assert ratios == {"vs_no_spec": 1.4, "tps_user_vs_no_spec": 1.5, "tps_user_paired_vs_no_spec": 1.55}
 
 
+def test_tps_user_against_mtp1_is_read_at_mtp1s_throughput_on_the_arms_curve() -> None:
+    def lv(c: int, thr: float, tps: float) -> dict:
+        return {**_level(c, thr), "tps_user_median": tps}
+
+    result = _result({"mtp1": [lv(1, 40, 45), lv(2, 90, 42), lv(4, 150, 38), lv(32, 500, 10)],
+                      "scheduled": [lv(1, 60, 80), lv(2, 100, 70), lv(4, 200, 50)]})
+    matched = summarize(result)["tps_user_vs_mtp1_at_matched_throughput"]
+    assert set(matched) == {"scheduled"}  # MTP-1 is not compared with itself
+    at = matched["scheduled"]
+    # 90 tok/s lies a quarter of the way from the arm's 60 to its 100: 80 - 0.75 * 10 = 72.5 TPS/user
+    assert at["2"] == {"throughput_tok_s": 90, "tps_user": 72.5, "mtp1_tps_user": 42, "ratio": 72.5 / 42}
+    assert at["4"]["tps_user"] == 60.0 and at["4"]["ratio"] == 60.0 / 38
+    # outside the arm's range: said, not extrapolated
+    assert at["1"] == {"throughput_tok_s": 40, "out_of_range": "below"}
+    assert at["32"] == {"throughput_tok_s": 500, "out_of_range": "above"}
+    assert "tps_user_vs_mtp1_at_matched_throughput" not in summarize(_result({"scheduled": [lv(1, 60, 80)]}))
+
+
 def test_interleaved_arms_must_route_apart() -> None:
     cfg = ServeBenchConfig(arms={"a b": {"drafter": "none"}, "a-b": {"drafter": "none"}}, interleave=True)
     with pytest.raises(ValueError, match="clashing route prefixes"):

@@ -1,5 +1,6 @@
-"""`dspark bench serve`'s summary: per arm the throughput against the no-spec arm, the trend of the verification
-length with concurrency (Spearman), and the flags a reader should look at."""
+"""`dspark bench serve`'s summary: per arm the throughput against the no-spec arm, the TPS/user against MTP-1's at
+matched throughput, the trend of the verification length with concurrency (Spearman), and the flags a reader
+should look at."""
 
 from __future__ import annotations
 
@@ -44,6 +45,28 @@ def spearman(xs: list[float], ys: list[float]) -> float | None:
     cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
     var = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
     return cov / var if var else None
+
+
+def at_matched_throughput(result: dict, arm: str, ref: str = "mtp1") -> dict[str, dict[str, float | str]]:
+    """At each of `ref`'s levels, `arm`'s median TPS/user at `ref`'s throughput (linear between `arm`'s two
+    levels around it) over `ref`'s: what a user gets from each at the same load on the machine. Levels of
+    `ref` outside `arm`'s throughput range say so ("below" / "above" it) instead of extrapolating."""
+    thr, tps = (_by_concurrency(result, arm, k) for k in ("output_throughput_tok_s", "tps_user_median"))
+    curve = sorted((thr[c], tps[c]) for c in thr if c in tps)
+    ref_thr, ref_tps = (_by_concurrency(result, ref, k) for k in ("output_throughput_tok_s", "tps_user_median"))
+    out: dict[str, dict[str, float | str]] = {}
+    if not curve:
+        return out
+    for c in sorted(c for c in ref_thr if c in ref_tps):
+        x = ref_thr[c]
+        if x < curve[0][0] or x > curve[-1][0]:
+            out[str(c)] = {"throughput_tok_s": x, "out_of_range": "below" if x < curve[0][0] else "above"}
+            continue
+        (x0, y0), (x1, y1) = next((lo, hi) for lo, hi in zip(curve, curve[1:] + curve[-1:]) if lo[0] <= x <= hi[0])
+        y = y0 if x1 == x0 else y0 + (x - x0) / (x1 - x0) * (y1 - y0)
+        out[str(c)] = {"throughput_tok_s": x, "tps_user": y, f"{ref}_tps_user": ref_tps[c],
+                       "ratio": y / ref_tps[c] if ref_tps[c] else float("nan")}
+    return out
 
 
 def summarize(result: dict) -> dict:
@@ -93,7 +116,10 @@ def summarize(result: dict) -> dict:
                                  "lowest_c": by_c[cs[0]], "highest_c": by_c[cs[-1]]}
     if "scheduled" in verify_trend:
         flags["verify_len_falls_with_concurrency"] = verify_trend["scheduled"]["falls"]
+    matched = {arm: m for arm in result["arms"] if arm != "mtp1" and (m := at_matched_throughput(result, arm))}
     return {"ratios": ratios, "flags": flags, "verify_len_trend": verify_trend,
+            # the paper's comparison: TPS/user against MTP-1's at MTP-1's throughput, level by level
+            **({"tps_user_vs_mtp1_at_matched_throughput": matched} if matched else {}),
             "num_errors": {arm: sum(lv["num_errors"] for lv in a.get("levels", [])) for arm, a in
                            result["arms"].items()},
             "arm_errors": {arm: a["error"] for arm, a in result["arms"].items() if a.get("error")}}
