@@ -258,36 +258,14 @@ def test_hybrid_learns_dspark_acceptance_apart_where_the_cheap_sources_have_litt
     requests = [DraftRequest("a", [1, 2, 3], 0.0), DraftRequest("b", [1, 2, 4], 0.0)]
     cheap = [SimpleNamespace(expected_tokens=0.0), SimpleNamespace(expected_tokens=0.3)]  # bands 0 and 1
     chosen, keys = hybrid._choose_model(cheap, requests)  # type: ignore[arg-type]
-    assert chosen == [True, True] and keys == [("greedy", 0, 1), ("greedy", 1, 1)]  # batch 2: batch band 1
-    alone, (key_a,) = hybrid._choose_model(cheap[:1], requests[:1])  # type: ignore[arg-type]
-    assert alone == [True] and key_a == ("greedy", 0, 0)
-    for _ in range(40):  # chosen alone at E_c ~ 0 and verified, nothing accepted
-        hybrid._chosen_model["a"] = key_a
+    assert chosen == [True, True] and keys == [("greedy", 0), ("greedy", 1)]
+    for _ in range(40):  # chosen at E_c ~ 0 and verified, nothing accepted
+        hybrid._chosen_model["a"] = keys[0]
         hybrid.feedback(["a"], [3], [0])
     # alone in a step (a forward costs a tenth of a round): not worth it at E_c ~ 0 any more, still at E_c 0.3
     assert hybrid._choose_model(cheap[:1], requests[:1])[0] == [False]  # type: ignore[arg-type]
     assert hybrid._choose_model(cheap[1:], requests[1:])[0] == [True]  # type: ignore[arg-type]
     assert hybrid.source_stats()["dspark"]["num_verified"] == 120
-
-
-def test_dspark_drafts_the_scheduler_left_unverified_at_batch_32_do_not_stop_it_at_batch_1(tiny_target):
-    """What the scheduler verifies of a draft depends on the batch: DSpark's verdicts are kept per batch band,
-    so rounds at batch 32 whose DSpark drafts went unverified (its forward paid for nothing) stop it being
-    chosen at batch 32 and leave batch 1, where its drafts are verified, as it was."""
-    from types import SimpleNamespace
-
-    hybrid = make_hybrid(tiny_target, [np.arange(64, dtype=np.int32)], model_ratio=0.01)
-    big = [DraftRequest(f"r{i}", [1, 2, 3 + i], 0.0) for i in range(32)]
-    nothing = [SimpleNamespace(expected_tokens=0.0)] * 32  # the cheap sources have nothing: DSpark's case
-    chosen, keys = hybrid._choose_model(nothing, big)  # type: ignore[arg-type]
-    assert all(chosen) and {k[2] for k in keys} == {4}  # the prior: chosen for all 32, batch band 16+
-    for _ in range(20):  # rounds at batch 32: DSpark drafted every request, the scheduler verified none
-        for r, k in zip(big, keys):
-            hybrid._chosen_model[r.request_id] = k
-        hybrid.feedback([r.request_id for r in big], [0] * 32, [0] * 32)
-    assert not any(hybrid._choose_model(nothing, big)[0])  # type: ignore[arg-type]
-    assert hybrid._choose_model(nothing[:1], big[:1])[0] == [True]  # type: ignore[arg-type]
-    assert hybrid.source_stats()["dspark"]["num_verified"] == 0  # unverified drafts are not verified tokens
 
 
 def pit_counts(target, prefixes: list[list[int]], tokens: list[int], rng: np.random.Generator,

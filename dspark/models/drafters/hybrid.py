@@ -6,12 +6,9 @@ Per request and step:
 2. DSpark's forward runs for the set S of requests that maximises the batch's expected tokens per unit
    time, (Σ_r (1 + E_r)) / (R + C(|S|)): E_r is E_d for r in S, E_c otherwise. E_d is DSpark's accepted
    tokens on its recent rounds (a decayed mean, a round whose drafts the scheduler verified none of counting
-   0; a prior until it has rounds) per regime, per band of E_c and per band of the batch size: DSpark is
-   chosen where the cheap sources have little, and there it accepts far less than on average (8 prompts at
-   batch 1 on a Xeon: 11 of 93 verified tokens), so one mean over all its rounds would keep choosing it where
-   it loses; and how much of a draft the scheduler verifies depends on the batch (on a Xeon in bf16, 4.4
-   tokens a request at batch 1, 0.04 at batch 32), so acceptance learned at batch 1 must not buy DSpark's
-   forward at batch 32, where its drafts go unverified.
+   0; a prior until it has rounds) per regime and per band of E_c: DSpark is chosen where the cheap
+   sources have little, and there it accepts far less than on average (8 prompts at batch 1 on a Xeon:
+   11 of 93 verified tokens), so one mean over all its rounds would keep choosing it where it loses.
    R is the measured time of a round at this batch size without DSpark's forward, C(k) the measured time
    of DSpark's forward for k requests (with the projection of the context rows it has not seen since its
    last draft for them: the choice causes that work, DSpark projects lazily). The requests with the
@@ -22,8 +19,7 @@ Per request and step:
 
 Why this is lossless: the choice of source for a request depends only on its context (the cheap drafts
 and their calibrated survival are deterministic functions of its tokens; at T > 0 the chosen cheap source
-then draws its draft from its q, after the choice), on the batch size (set by arrivals and finished requests)
-and on statistics of earlier, already verified rounds.
+then draws its draft from its q, after the choice) and on statistics of earlier, already verified rounds.
 It is made before DSpark samples anything, so no sampled draft token can decide whether it is itself
 verified (the failure mode of the paper's Appendix A). Whatever source is chosen, verification accepts its
 tokens by min(1, p/q) (q a point mass for the deterministic drafts, DSpark's own distribution for its
@@ -50,7 +46,6 @@ log = logging.getLogger(__name__)
 _PRIOR_MODEL_TOKENS = {"greedy": 0.8, "sampled": 0.6}  # DSpark's τ − 1 in `dspark eval` (1.8 / 1.6)
 _PRIOR_ROUNDS = 4.0  # the prior's weight in rounds: one unlucky first round must not shut DSpark out
 _BANDS = (0.25, 0.5, 1.0, 2.0)  # upper edges of the E_c bands DSpark's acceptance is kept apart for
-_BATCH_BANDS = (1, 3, 7, 15)  # upper edges of the batch-size bands (1, 2-3, 4-7, 8-15, 16+) it is kept apart for
 _DECAY = 0.98
 
 
@@ -66,17 +61,16 @@ class HybridDrafter:
         self.hidden_layers: tuple[int, ...] = tuple(getattr(model, "hidden_layers", ())) if model else ()
         self.block_size = getattr(model, "block_size", 7)
         self._fixed_ratio = model_cost_ratio  # tests and what-ifs: C(k) = ratio · R; None: measured
-        # decayed sums per (regime, E_c band, batch band): DSpark's accepted tokens and rounds (seeded with
-        # _PRIOR_ROUNDS prior rounds)
-        keys = [(r, b, n) for r in _PRIOR_MODEL_TOKENS for b in range(len(_BANDS) + 1)
-                for n in range(len(_BATCH_BANDS) + 1)]
+        # decayed sums per (regime, E_c band): DSpark's accepted tokens and rounds (seeded with _PRIOR_ROUNDS
+        # prior rounds)
+        keys = [(r, b) for r in _PRIOR_MODEL_TOKENS for b in range(len(_BANDS) + 1)]
         self._model_acc = {k: _PRIOR_ROUNDS * _PRIOR_MODEL_TOKENS[k[0]] for k in keys}
         self._model_rounds = {k: _PRIOR_ROUNDS for k in keys}
         self._model_ms: dict[int, float] = {}  # C(k): decayed mean of DSpark's forward for k requests
         self._model_warm: set[int] = set()  # sizes whose first (cold) forward was seen
         self._round_ms: dict[int, float] = {}  # R(B): decayed mean of a round at batch B, DSpark's forward out
         self._open_round: tuple[float, float, int] | None = None  # this round's start, DSpark ms, batch size
-        self._chosen_model: dict[str, tuple[str, int, int]] = {}  # request id -> the key of its DSpark draft
+        self._chosen_model: dict[str, tuple[str, int]] = {}  # request id -> (regime, band) of its DSpark draft
         self.model_stats = SourceStats()
 
     @classmethod
@@ -155,15 +149,13 @@ class HybridDrafter:
         return [SparseQ.point_masses(t) for t in tokens]
 
     def _choose_model(self, cheap: list[Proposal | None],
-                      requests: list[DraftRequest]) -> tuple[list[bool], list[tuple[str, int, int]]]:
+                      requests: list[DraftRequest]) -> tuple[list[bool], list[tuple[str, int]]]:
         """Per request, whether DSpark drafts it: the set that maximises the batch's expected tokens per unit
-        time (see the module docstring), and the (regime, E_c band, batch band) its verdict is kept under.
-        Depends on the requests' contexts (through the deterministic cheap drafts), the batch size and past
-        rounds only."""
+        time (see the module docstring), and the (regime, E_c band) its verdict is kept under. Depends on the
+        requests' contexts (through the deterministic cheap drafts) and on past rounds only."""
         chosen = [False] * len(requests)
         expected = [p.expected_tokens if p is not None else 0.0 for p in cheap]
-        size = bisect.bisect_left(_BATCH_BANDS, len(requests))
-        keys = [(regime_of(r.temperature), bisect.bisect_right(_BANDS, e), size) for r, e in zip(requests, expected)]
+        keys = [(regime_of(r.temperature), bisect.bisect_right(_BANDS, e)) for r, e in zip(requests, expected)]
         if self.feature_drafter is None or not requests:
             return chosen, keys
         free = [1.0 + e for e in expected]
