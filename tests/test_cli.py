@@ -62,7 +62,7 @@ def test_bench_batching_prints_json_last(tiny_target_dir):
 def test_bench_decode_refills_the_batch_from_waves_of_prompts(tiny_target_dir):
     args = ["bench", "decode", "--target", str(tiny_target_dir), "--batch-sizes", "1,2", "--num-prompts", "1",
             "--max-new-tokens", "6", "--num-draft-tokens", "3", "--scheduler", "greedy", "--hf-dtypes", "",
-            "--drafters", "ngram"]
+            "--drafters", "ngram,oracle"]
     for waves, num_prompts in ((3, 6), (1, 2)):
         res = runner.invoke(app, [*args, "--waves", str(waves), "--rounds", "2"])
         assert res.exit_code == 0, res.output
@@ -72,6 +72,7 @@ def test_bench_decode_refills_the_batch_from_waves_of_prompts(tiny_target_dir):
         assert b2["continuous_batching"] is (waves > 1) and out["batch1"]["continuous_batching"] is False
         ngram = b2["drafters"]["ngram"]
         assert ngram["greedy_identical_to_target_only"]
+        assert b2["drafters"]["oracle"]["greedy_identical_to_target_only"]  # handed target-only's outputs
         if waves > 1:  # the steady state ends where the queue runs dry: at most the whole run's tokens and time
             assert 0 < b2["target_only_steady_tok_s"] and "steady_speedup_vs_target_only" in ngram
             # whole runs in turn, two rounds: the pooled speedup lies between the two rounds' own

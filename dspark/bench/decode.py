@@ -131,14 +131,20 @@ def run_refilled_in_turn(engines: dict[str, Engine], prompts: list[list[int]], b
     for r in range(rounds):
         for name in _rotated(names, r):
             engine = engines[name]
-            if r == 0 and isinstance(engine.drafter, OracleDrafter):
-                for p, o in zip(prompts, runs[BASE][0].outputs):
-                    engine.drafter.set_continuation(p, p + o)
+            if r == 0 and name != BASE:  # _rotated runs target-only before the oracle
+                _hand_continuations(engine, prompts, runs[BASE][0].outputs)
             run = run_engine(engine, prompts, batch_size, max_new_tokens, refill=True, tenant=_tenant(r))
             if runs[name] and run.outputs != runs[name][0].outputs:  # greedy: a bug, not noise
                 raise RuntimeError(f"{name}: batch {batch_size} decoded differently in round {r}")
             runs[name].append(run)
     return {n: _pooled(rs) for n, rs in runs.items()}, {n: [run.tok_s for run in rs] for n, rs in runs.items()}
+
+
+def _hand_continuations(engine: Engine, prompts: list[list[int]], outputs: list[list[int]]) -> None:
+    """An oracle arm replays target-only's greedy continuation of each prompt; other arms: nothing to do."""
+    if isinstance(engine.drafter, OracleDrafter):
+        for p, o in zip(prompts, outputs):
+            engine.drafter.set_continuation(p, p + o)
 
 
 def _pooled(runs: list[ArmResult]) -> ArmResult:
@@ -276,9 +282,7 @@ def bench_decode(target: TargetModel, drafters: list[str], batch_sizes: list[int
             arms = {BASE: run_engine(engines[BASE], arm_prompts, bs, max_new_tokens, refill)}
             for name in drafters:
                 engines[name] = engine_for(name)
-                if isinstance(engines[name].drafter, OracleDrafter):  # the target's greedy continuation
-                    for p, o in zip(arm_prompts, arms[BASE].outputs):
-                        engines[name].drafter.set_continuation(p, p + o)
+                _hand_continuations(engines[name], arm_prompts, arms[BASE].outputs)
                 arms[name] = run_engine(engines[name], arm_prompts, bs, max_new_tokens, refill)
         base = arms[BASE]
         block: dict = {"target_only_tok_s": base.tok_s, "target_only_step_ms": base.verify_ms, "drafters": {},

@@ -4,6 +4,7 @@ should look at."""
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 APP_NAME = "dspark-bench"
@@ -62,8 +63,9 @@ def at_matched_throughput(result: dict, arm: str, ref: str = "mtp1") -> dict[str
         if x < curve[0][0] or x > curve[-1][0]:
             out[str(c)] = {"throughput_tok_s": x, "out_of_range": "below" if x < curve[0][0] else "above"}
             continue
-        (x0, y0), (x1, y1) = next((lo, hi) for lo, hi in zip(curve, curve[1:] + curve[-1:]) if lo[0] <= x <= hi[0])
-        y = y0 if x1 == x0 else y0 + (x - x0) / (x1 - x0) * (y1 - y0)
+        i = bisect.bisect_left(curve, (x,))  # the first of the arm's levels at or above x
+        (x1, y1), (x0, y0) = curve[i], curve[max(i - 1, 0)]
+        y = y1 if x1 == x else y0 + (x - x0) / (x1 - x0) * (y1 - y0)
         out[str(c)] = {"throughput_tok_s": x, "tps_user": y, f"{ref}_tps_user": ref_tps[c],
                        "ratio": y / ref_tps[c] if ref_tps[c] else float("nan")}
     return out
