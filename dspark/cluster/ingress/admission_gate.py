@@ -94,13 +94,12 @@ class AdmissionGate:
 
     # ---- published to the front door -------------------------------------------------------------
     def published_headers(self, mode: Mode | None) -> list[tuple[bytes, bytes]]:
-        """What the front door refuses by: requests in flight this replica admits (all arms, plus a small
-        slack so that some excess still reaches admission, which counts it as demand for the autoscaler),
-        and the predicted wait."""
+        """What the front door refuses by: requests in flight this replica admits (all arms; past it the front
+        door still lets a few a second through, which admission counts as demand for the autoscaler), and
+        the predicted wait."""
         if not self.admissions:
             return []
         limit = sum(a.current_limit(mode) for a in self.admissions.values())
-        limit += max(2, limit // 8)
         return [(LIMIT_HEADER.encode(), str(limit).encode()),
                 (RETRY_HEADER.encode(), str(self.retry_after_s(mode)).encode())]
 
