@@ -88,3 +88,28 @@ def test_the_cache_stays_within_its_budget_least_recently_used_out_first(tiny_ta
         assert store.num_bytes <= store.max_bytes
     assert len(store.match(prompts[-1] + [5])) == 3  # the newest prompt is whole
     assert store.match(prompts[0] + [5]) == []  # the oldest went first
+
+
+def test_blocks_kept_without_features_serve_no_drafter_that_needs_them_until_stored_with_them(tiny_target) -> None:
+    """A prompt admitted while the engine forwent the drafter's features is kept without them: a drafter that
+    takes features must not get a context with a hole, so those blocks match only for engines without one,
+    and the first store that has the features adds them."""
+    engine = _engine(tiny_target, 0, drafter="none", num_draft_tokens=0)
+    cache = engine.runner.cache
+    slot = cache.allocate()
+    vocab = tiny_target.model.config.vocab_size
+    prompt = [4 + (j * 5) % (vocab - 4) for j in range(3 * BLOCK)]
+    store = PrefixCache(max_bytes=1 << 24)
+    store.store(prompt, cache, slot, None)
+    assert len(store.match(prompt + [5])) == 3 and store.match(prompt + [5], need_feats=True) == []
+    bytes_before = store.num_bytes
+    feats = torch.randn(len(prompt), 6)
+    store.store(prompt, cache, slot, feats)
+    blocks = store.match(prompt + [5], need_feats=True)
+    assert len(blocks) == 3 and store.num_bytes == bytes_before + feats.numel() * feats.element_size()
+    torch.testing.assert_close(PrefixCache.load(blocks, cache, slot), feats)
+    longer = prompt + [4 + (j * 3) % (vocab - 4) for j in range(BLOCK)]  # one more block, kept without features
+    store.store(longer, cache, slot, None)
+    mixed = store.match(longer + [5])
+    assert len(mixed) == 4 and PrefixCache.load(mixed, cache, slot) is None  # a context with a hole is none
+    assert len(store.match(longer + [5], need_feats=True)) == 3

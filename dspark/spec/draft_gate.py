@@ -117,6 +117,18 @@ class DraftGate:
         self.num_skipped += 1
         return False
 
+    def is_shut(self, batch_size: int) -> bool:
+        """Whether drafting is measured not to pay at `batch_size`: by its own drafted rounds or, before it has
+        any, by the nearest smaller size's as `should_draft` would inherit it. A query: changes nothing."""
+        state = self._sizes.get(batch_size)
+        if state is not None and (state.rounds or state.inherited):
+            return state.gain <= 1.0
+        smaller = [b for b, st in self._sizes.items() if b < batch_size and st.rounds]
+        if not smaller:
+            return False
+        near = self._sizes[max(smaller)]
+        return near.gain <= 1.0 and len(near.rounds) >= self.inherit_min_rounds
+
     def _inherit(self, batch_size: int) -> _SizeState | None:
         """A new size starts shut where the nearest smaller drafted size is shut (its gain and back-off), once
         that size drafted `inherit_min_rounds` times. One unlucky round is no evidence: a batch-1 round that

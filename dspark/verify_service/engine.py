@@ -19,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 from dspark.config.engine import EngineConfig, resolve_dtype
-from dspark.models.drafters.base import Drafter, DraftOutput
+from dspark.models.drafters.base import Drafter, DraftOutput, FeaturesOptional
 from dspark.models.drafters.registry import make_drafter
 from dspark.models.target.generic_runner import GenericRunner
 from dspark.models.target.layer import ForwardOutput, SeqChunk
@@ -106,6 +106,8 @@ class Engine:
         self.gate = DraftGate() if config.draft_gate and self.sps is not None else None
         self.token_cost = TokenCost() if config.measured_token_cost and self.sps is not None else None
         self._last_round: tuple[float, float] | None = None  # perf_counter start and end of the last round
+        self._forgone: set[str] = set()  # running requests whose drafter features are forgone (_feature_layers)
+        self._round_layers: tuple[int, ...] = self.hidden_layers  # the layers the last round tapped
         self._prefill_ms = 0.0  # admission (prefill) time since the last round, kept out of the gate's O
         self._rider_logits: torch.Tensor | None = None  # the riders' logits of the last round (see _round)
         self._rider_hidden: ForwardOutput | None = None  # and their hidden states, where the drafter taps them
@@ -207,20 +209,43 @@ class Engine:
             sps = self.token_cost.table(len(active), sps)
         lengths = schedule(active, draft, self.scheduler, self.tracker, sps)
         t2 = time.perf_counter()
-        verified = verify_round(self.runner, active, draft, lengths, self.hidden_layers, riders)
+        layers = self._round_layers = self._feature_layers()
+        verified = verify_round(self.runner, active, draft, lengths, layers, riders)
         self._rider_logits, self._rider_hidden = verified.rider_logits, verified.rider_out
         t3 = time.perf_counter()
         outputs = commit(active, draft, lengths, verified.num_accepted, verified.next_token, self.runner.cache,
                          self.tracker, self.drafter, self.eos_ids, self.tokenizer)
         t4 = time.perf_counter()
         # the drafter sees target features of exactly the tokens that stay in the cache
-        feed_drafter(self.drafter, self.hidden_layers, active, [n + 1 for n in lengths],
+        feed_drafter(self.drafter, layers, active, [n + 1 for n in lengths],
                      [n + 1 for n in verified.num_accepted], verified.out)
         # the target side's time of the round: its forward and acceptance, and handing the drafter its features
         verify_ms = ((t3 - t2) + (time.perf_counter() - t4)) * 1e3
         self._record_round(active, draft, lengths, verified.num_accepted, t0, (t1 - t0) * 1e3, (t2 - t1) * 1e3,
                            verify_ms, micro_batch, extra_draft_ms, start_s, with_riders=bool(riders))
         return outputs
+
+    def _feature_layers(self) -> tuple[int, ...]:
+        """The target layers this round taps for the drafter: none once every running request's features are
+        forgone. Where the draft gate has measured drafting not to pay at the current batch size, a drafter
+        that can go without features (`FeaturesOptional`: the hybrid, from its cheap sources) forgoes them for
+        every running request, for the rest of its life: its DSpark context would have a gap. Under such a load
+        they cost every step (the taps, the copy, DSpark's projection of each row) and bought nothing
+        (batch 32 on a 2-core AMX Xeon: the hybrid 2 % behind target-only, verifying no draft token).
+        Lossless: it depends on the batch size and past rounds' timings, never on the tokens being verified."""
+        if not self.hidden_layers or self.gate is None or not isinstance(self.drafter, FeaturesOptional):
+            return self.hidden_layers
+        running = [r for r in self.running if not r.is_finished]
+        if self.gate.is_shut(len(running)):
+            for req in running:
+                self._forgo(req)
+        return self.hidden_layers if any(r.request_id not in self._forgone for r in running) else ()
+
+    def _forgo(self, req: Request) -> None:
+        """No more drafter features for `req` (a `FeaturesOptional` drafter drafts it without them)."""
+        if req.request_id not in self._forgone and isinstance(self.drafter, FeaturesOptional):
+            self._forgone.add(req.request_id)
+            self.drafter.forgo_features(req.request_id)
 
     def _note_gap(self, t0: float) -> None:
         """The draft gate's overhead O: the time between the last round and this one, minus prefill of
@@ -278,21 +303,15 @@ class Engine:
         for req in group:
             req.slot = self.runner.cache.allocate()
             self.running.append(req)
-        hits = [self.prefix_cache.match(r.prompt_ids) if self.prefix_cache is not None else [] for r in group]
-        start = [len(h) * PREFIX_BLOCK for h in hits]
-        cached_feats = [PrefixCache.load(h, self.runner.cache, req.slot) for req, h in zip(group, hits)]
+        start, cached_feats = self._cached_prefixes(group)
         riders = [SeqChunk(r.slot, s, r.prompt_ids[s:], 1) for r, s in zip(group, start)]
         outputs = self._round(active, self._draft_beside_prompts, riders=riders)
         t0 = time.perf_counter()
         logits, rider_hidden = self._rider_logits, self._rider_hidden
         self._rider_logits = self._rider_hidden = None
         feats = (prompt_features(self.drafter, self.hidden_layers, group, start, cached_feats, rider_hidden)
-                 if rider_hidden is not None else [None] * len(group))
-        for req, f in zip(group, feats):
-            if self.drafter is not None and f is not None:
-                self.drafter.observe(req.request_id, f)  # type: ignore[attr-defined]
-            if self.prefix_cache is not None:
-                self.prefix_cache.store(req.prompt_ids, self.runner.cache, req.slot, f)
+                 if rider_hidden is not None and self._round_layers else [None] * len(group))
+        self._take_prompt_features(group, feats)
         tokens = sample_plain(group, logits)
         note_logprobs(group, logits, [[i] for i in range(len(group))], [[t] for t in tokens])
         first = self._first_tokens(group, tokens)
@@ -309,26 +328,52 @@ class Engine:
             req.slot = self.runner.cache.allocate()
             self.running.append(req)
         # prompt blocks seen before come from the prefix cache; only the rest is computed
-        hits = [self.prefix_cache.match(r.prompt_ids) if self.prefix_cache is not None else [] for r in new]
-        start = {r.request_id: len(h) * PREFIX_BLOCK for r, h in zip(new, hits)}
-        cached_feats = {r.request_id: PrefixCache.load(h, self.runner.cache, r.slot) for r, h in zip(new, hits)}
+        starts, feats_before = self._cached_prefixes(new)
+        start = {r.request_id: s for r, s in zip(new, starts)}
+        cached_feats = {r.request_id: f for r, f in zip(new, feats_before)}
         first: list[int] = []
         for group in prefill_groups(new, [len(r.prompt_ids) - start[r.request_id] for r in new]):
             out = self.runner.forward([SeqChunk(r.slot, start[r.request_id], r.prompt_ids[start[r.request_id]:], 1)
                                        for r in group], self.hidden_layers)
             feats = prompt_features(self.drafter, self.hidden_layers, group, [start[r.request_id] for r in group],
                                     [cached_feats[r.request_id] for r in group], out)
-            for req, f in zip(group, feats):
-                if self.drafter is not None and f is not None:
-                    self.drafter.observe(req.request_id, f)  # type: ignore[attr-defined]
-                if self.prefix_cache is not None:
-                    self.prefix_cache.store(req.prompt_ids, self.runner.cache, req.slot, f)
+            self._take_prompt_features(group, feats)
             tokens = sample_plain(group, out.logits)
             note_logprobs(group, out.logits, [[i] for i in range(len(group))], [[t] for t in tokens])
             first += tokens
         outputs = self._first_tokens(new, first)
         self._prefill_ms += (time.perf_counter() - t0) * 1e3
         return outputs
+
+    def _cached_prefixes(self, reqs: list[Request]) -> tuple[list[int], list[torch.Tensor | None]]:
+        """Each prompt's blocks seen before, copied from the prefix cache into its slot: where its computed part
+        starts, and the drafter features the blocks kept. Blocks kept without features (stored while the
+        engine forwent them) serve a drafter that can go without: the request forgoes its features (DSpark's
+        context would lack the prefix); a drafter that needs features matches only blocks that kept them."""
+        if self.prefix_cache is None:
+            return [0] * len(reqs), [None] * len(reqs)
+        need_feats = bool(self.hidden_layers) and not isinstance(self.drafter, FeaturesOptional)
+        starts: list[int] = []
+        feats: list[torch.Tensor | None] = []
+        for req in reqs:
+            hit = self.prefix_cache.match(req.prompt_ids, need_feats)
+            f = PrefixCache.load(hit, self.runner.cache, req.slot)
+            if hit and f is None and self.hidden_layers:
+                self._forgo(req)
+            starts.append(len(hit) * PREFIX_BLOCK)
+            feats.append(f)
+        return starts, feats
+
+    def _take_prompt_features(self, reqs: list[Request], feats: list[torch.Tensor | None]) -> None:
+        """Prefilled prompts: the drafter observes each one's features and the prefix cache keeps its blocks
+        (with the features where they cover the whole prompt: a prompt whose cached part had none has only
+        its computed part's)."""
+        for req, f in zip(reqs, feats):
+            whole = f if f is not None and f.shape[0] == len(req.prompt_ids) else None
+            if self.drafter is not None and whole is not None and req.request_id not in self._forgone:
+                self.drafter.observe(req.request_id, whole)  # type: ignore[attr-defined]
+            if self.prefix_cache is not None:
+                self.prefix_cache.store(req.prompt_ids, self.runner.cache, req.slot, whole)
 
     def _first_tokens(self, reqs: list[Request], tokens: list[int]) -> list[RequestOutput]:
         """Prefilled requests: their whole prompt is cached now; emit each one's first token."""
@@ -395,6 +440,7 @@ class Engine:
                 self.running[req.slot] = last
             if self.drafter is not None:
                 self.drafter.release(req.request_id)
+            self._forgone.discard(req.request_id)
 
     # ---- convenience ---------------------------------------------------------------------------
     def generate_bulk(self, prompts: list[list[int]], params: list[SamplingParams],

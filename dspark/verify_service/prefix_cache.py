@@ -56,12 +56,15 @@ class PrefixCache:
             out.append(h)
         return out
 
-    def match(self, prompt: list[int]) -> list[_Block]:
-        """The cached blocks of the longest known prefix, leaving at least the last token to compute."""
+    def match(self, prompt: list[int], need_feats: bool = False) -> list[_Block]:
+        """The cached blocks of the longest known prefix, leaving at least the last token to compute; with
+        `need_feats` (the drafter takes features) only blocks that kept them (a prompt admitted while the
+        engine forwent features was stored without)."""
         blocks = []
         for b, h in enumerate(self._hashes(prompt, (len(prompt) - 1) // BLOCK)):
             block = self._blocks.get(h)
-            if block is None or block.tokens != tuple(prompt[b * BLOCK:(b + 1) * BLOCK]):
+            if (block is None or block.tokens != tuple(prompt[b * BLOCK:(b + 1) * BLOCK])
+                    or (need_feats and block.feats is None)):
                 break
             self._blocks.move_to_end(h)
             blocks.append(block)
@@ -71,13 +74,14 @@ class PrefixCache:
 
     @staticmethod
     def load(blocks: list[_Block], cache: KVCachePool, slot: int) -> torch.Tensor | None:
-        """Copy the blocks into positions 0.. of `slot`; returns their drafter features (T, F) or None."""
+        """Copy the blocks into positions 0.. of `slot`; returns their drafter features (T, F), or None unless
+        every block kept them."""
         for b, block in enumerate(blocks):
             lo = b * BLOCK
             for layer in range(len(cache.k)):
                 cache.k[layer][slot, lo:lo + BLOCK].copy_(block.k[layer])
                 cache.v[layer][slot, lo:lo + BLOCK].copy_(block.v[layer])
-        if not blocks or blocks[0].feats is None:
+        if not blocks or any(block.feats is None for block in blocks):  # a context with a hole is no context
             return None
         return torch.cat([block.feats for block in blocks])
 
@@ -86,10 +90,15 @@ class PrefixCache:
         if self.max_bytes <= 0:
             return
         for b, h in enumerate(self._hashes(prompt, len(prompt) // BLOCK)):
+            lo = b * BLOCK
             if h in self._blocks:
                 self._blocks.move_to_end(h)
+                kept = self._blocks[h]
+                if kept.feats is None and feats is not None:  # stored while features were forgone: add them
+                    kept.feats = feats[lo:lo + BLOCK].clone()
+                    self.num_bytes += kept.feats.numel() * kept.feats.element_size()
+                    self._evict()
                 continue
-            lo = b * BLOCK
             block = _Block(torch.stack([k[slot, lo:lo + BLOCK] for k in cache.k]),
                            torch.stack([v[slot, lo:lo + BLOCK] for v in cache.v]),
                            feats[lo:lo + BLOCK].clone() if feats is not None else None,
@@ -98,9 +107,13 @@ class PrefixCache:
                 return
             self._blocks[h] = block
             self.num_bytes += block.num_bytes
-            while self.num_bytes > self.max_bytes:
-                _, old = self._blocks.popitem(last=False)
-                self.num_bytes -= old.num_bytes
+            self._evict()
+
+    def _evict(self) -> None:
+        """The least recently used blocks out, down to `max_bytes`."""
+        while self.num_bytes > self.max_bytes:
+            _, old = self._blocks.popitem(last=False)
+            self.num_bytes -= old.num_bytes
 
     def clear(self) -> None:
         self._blocks.clear()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -94,6 +94,18 @@ class FeatureDrafter(Drafter, Protocol):
 
     def observe(self, request_id: str, features: torch.Tensor) -> None:
         """features: (n, len(hidden_layers) * D_target) for the request's next n cache positions."""
+        ...
+
+
+@runtime_checkable
+class FeaturesOptional(Protocol):
+    """A feature drafter that can go on without a request's features (the hybrid: from its cheap sources).
+    Where drafting does not pay at the current load, the engine stops tapping and feeding the target's hidden
+    states for such a drafter's requests (`forgo_features`, once per request, for the rest of its life):
+    they cost every step and, under that load, bought nothing."""
+
+    def forgo_features(self, request_id: str) -> None:
+        """No more features will come for this request: draft it without them; free what was kept for it."""
         ...
 
 

@@ -17,6 +17,11 @@ Per request and step:
    alone, a forward that slows the other seven;
 3. each request's chosen draft and its survival curve go to the prefix scheduler, which sets ℓ_r.
 
+Under a load where the engine's draft gate measured drafting not to pay, the engine forgoes the requests'
+features (`forgo_features`, `FeaturesOptional`): DSpark is out for them for good (its context would have a gap)
+and they draft from the cheap sources alone; the taps, the feature copies and DSpark's projection of every
+row cost the hybrid ~2 % at batch 32 where Algorithm 1 verified none of its drafts.
+
 Why this is lossless: the choice of source for a request depends only on its context (the cheap drafts
 and their calibrated survival are deterministic functions of its tokens; at T > 0 the chosen cheap source
 then draws its draft from its q, after the choice) and on statistics of earlier, already verified rounds.
@@ -71,6 +76,7 @@ class HybridDrafter:
         self._round_ms: dict[int, float] = {}  # R(B): decayed mean of a round at batch B, DSpark's forward out
         self._open_round: tuple[float, float, int] | None = None  # this round's start, DSpark ms, batch size
         self._chosen_model: dict[str, tuple[str, int]] = {}  # request id -> (regime, band) of its DSpark draft
+        self._forgone: set[str] = set()  # requests the engine feeds no features any more: cheap sources only
         self.model_stats = SourceStats()
 
     @classmethod
@@ -92,8 +98,15 @@ class HybridDrafter:
 
     # ---- the FeatureDrafter interface ------------------------------------------------------------
     def observe(self, request_id: str, features: torch.Tensor) -> None:
-        if self.feature_drafter is not None:
+        if self.feature_drafter is not None and request_id not in self._forgone:
             self.feature_drafter.observe(request_id, features)
+
+    def forgo_features(self, request_id: str) -> None:
+        """From now on this request is drafted from the cheap sources alone (`FeaturesOptional`): DSpark's
+        context for it would have a gap."""
+        if self.feature_drafter is not None and request_id not in self._forgone:
+            self._forgone.add(request_id)
+            self.feature_drafter.release(request_id)
 
     def propose(self, requests: list[DraftRequest], max_num_tokens: int) -> DraftOutput:
         start = time.perf_counter()
@@ -159,7 +172,8 @@ class HybridDrafter:
         if self.feature_drafter is None or not requests:
             return chosen, keys
         free = [1.0 + e for e in expected]
-        gain = [1.0 + self._model_acc[k] / self._model_rounds[k] - f for f, k in zip(free, keys)]
+        gain = [1.0 + self._model_acc[k] / self._model_rounds[k] - f if r.request_id not in self._forgone else 0.0
+                for f, k, r in zip(free, keys, requests)]
         order = sorted((i for i, g in enumerate(gain) if g > 0), key=lambda i: -gain[i])
         round_ms = self._nearest(self._round_ms, len(requests)) or 1.0
         tokens = sum(free)
@@ -220,6 +234,7 @@ class HybridDrafter:
     def release(self, request_id: str) -> None:
         self.suffix.release(request_id)
         self._chosen_model.pop(request_id, None)
+        self._forgone.discard(request_id)
         if self.feature_drafter is not None:
             self.feature_drafter.release(request_id)
 
