@@ -5,33 +5,20 @@ the refusals in a burst of 2,000 came from Python."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
-import pytest
 
 from dspark.actors.transport import free_port
-from dspark.cluster.ingress.front_door import haproxy_binary
 from dspark.cluster.ingress.front_door_rules import LIMIT_HEADER, RETRY_HEADER, add_rules
+from tests.real_haproxy import HEAD, first_answer, needs_haproxy, real_haproxy
 
-pytestmark = pytest.mark.skipif(haproxy_binary() is None and not os.environ.get("DSPARK_REQUIRE_HAPROXY"),
-                                reason="Debian package `haproxy` is not installed (apt-get install haproxy)")
+pytestmark = needs_haproxy
 
 # the shape of Ray Serve's generated config once an application is routed
-ROUTED = """global
-    maxconn 4000
-defaults
-    mode http
-    timeout connect 5s
-    timeout client 30s
-    timeout server 30s
-frontend http_frontend
-    bind 127.0.0.1:{port}
-    acl is_app path_beg /
+ROUTED = HEAD + """    acl is_app path_beg /
     use_backend app if is_app
 backend app
     server s1 127.0.0.1:{backend_port}
@@ -77,39 +64,27 @@ def test_past_the_limit_the_front_door_lets_a_few_requests_a_second_through_and_
     backend = ThreadingHTTPServer(("127.0.0.1", 0), _Ingress)
     threading.Thread(target=backend.serve_forever, daemon=True).start()
     port = free_port("127.0.0.1")
-    config = add_rules(ROUTED.format(port=port, backend_port=backend.server_address[1]), EXCESS_PER_S)
-    path = tmp_path / "haproxy.cfg"
-    path.write_text(config)
-    binary = haproxy_binary()
-    check = subprocess.run([binary, "-c", "-f", str(path)], capture_output=True, text=True)
-    assert check.returncode == 0, check.stdout + check.stderr
-    proc = subprocess.Popen([binary, "-f", str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    config = add_rules(ROUTED.format(port=port, backend_port=backend.server_address[1], maxconn=4000,
+                                     timeout="30s"), EXCESS_PER_S)
     url = f"http://127.0.0.1:{port}/v1/completions"
     try:
-        deadline = time.monotonic() + 10
-        while True:  # the first response tells HAProxy the limit (and is stripped of it)
-            try:
-                first = httpx.post(url, json={"prompt": "hi"}, timeout=5)
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "haproxy did not start"
-                time.sleep(0.1)
-        assert first.status_code == 200 and LIMIT_HEADER not in first.headers
-        hold = threading.Thread(target=lambda: httpx.post(url, json={"prompt": "hold"}, timeout=10))
-        hold.start()
-        while not _Ingress.in_flight:
-            time.sleep(0.01)
-        _Ingress.reached.clear()
-        start = time.monotonic()
-        responses = []
-        with httpx.Client(timeout=5) as client:
-            while time.monotonic() - start < 2.0:  # ~2 s of requests, one at a time, past the limit
-                responses.append(client.post(url, json={"prompt": "more"}))
-        elapsed = time.monotonic() - start
-        hold.join()
+        with real_haproxy(config, tmp_path):
+            # the first response tells HAProxy the limit (and is stripped of it)
+            first = first_answer(lambda: httpx.post(url, json={"prompt": "hi"}, timeout=5))
+            assert first.status_code == 200 and LIMIT_HEADER not in first.headers
+            hold = threading.Thread(target=lambda: httpx.post(url, json={"prompt": "hold"}, timeout=10))
+            hold.start()
+            while not _Ingress.in_flight:
+                time.sleep(0.01)
+            _Ingress.reached.clear()
+            start = time.monotonic()
+            responses = []
+            with httpx.Client(timeout=5) as client:
+                while time.monotonic() - start < 2.0:  # ~2 s of requests, one at a time, past the limit
+                    responses.append(client.post(url, json={"prompt": "more"}))
+            elapsed = time.monotonic() - start
+            hold.join()
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
         backend.shutdown()
     by_door = [r for r in responses if r.headers.get("x-dspark-refused-by") == "front-door"]
     assert all(r.status_code == 429 for r in responses)
