@@ -123,25 +123,26 @@ class DraftGate:
         state = self._sizes.get(batch_size)
         if state is not None and (state.rounds or state.inherited):
             return state.gain <= 1.0
-        smaller = [b for b, st in self._sizes.items() if b < batch_size and st.rounds]
-        if not smaller:
-            return False
-        near = self._sizes[max(smaller)]
-        return near.gain <= 1.0 and len(near.rounds) >= self.inherit_min_rounds
+        return self._shut_neighbour(batch_size) is not None
 
     def _inherit(self, batch_size: int) -> _SizeState | None:
         """A new size starts shut where the nearest smaller drafted size is shut (its gain and back-off), once
         that size drafted `inherit_min_rounds` times. One unlucky round is no evidence: a batch-1 round that
         accepted nothing once shut every larger size of a drain that had not drafted yet."""
-        smaller = [b for b, st in self._sizes.items() if b < batch_size and st.rounds]
-        if not smaller:
-            return None
-        near = self._sizes[max(smaller)]
-        if near.gain > 1.0 or len(near.rounds) < self.inherit_min_rounds:
+        near = self._shut_neighbour(batch_size)
+        if near is None:
             return None
         state = self._state(batch_size)
         state.gain, state.probe_interval, state.inherited = near.gain, near.probe_interval, True
         return state
+
+    def _shut_neighbour(self, batch_size: int) -> _SizeState | None:
+        """The nearest smaller drafted size, if it is shut on at least `inherit_min_rounds` drafted rounds."""
+        smaller = [b for b, st in self._sizes.items() if b < batch_size and st.rounds]
+        if not smaller:
+            return None
+        near = self._sizes[max(smaller)]
+        return near if near.gain <= 1.0 and len(near.rounds) >= self.inherit_min_rounds else None
 
     def _state(self, batch_size: int) -> _SizeState:
         if batch_size not in self._sizes:
