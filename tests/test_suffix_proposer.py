@@ -209,7 +209,8 @@ def hybrid_engine(mode: str, cfg: EngineConfig, target, hybrid: HybridDrafter) -
     server = threading.Thread(target=serve_channel, args=(draft_end, DraftService(hybrid)), daemon=True)
     server.start()
     try:
-        yield PipelinedEngine(cfg, target=target, drafter=RemoteDrafter(verify_end, hybrid.hidden_layers))
+        remote = RemoteDrafter(verify_end, hybrid.hidden_layers, name="hybrid")
+        yield PipelinedEngine(cfg, target=target, drafter=remote)
     finally:
         verify_end.send({"kind": "close"})
         server.join(timeout=30)
@@ -249,10 +250,12 @@ def test_hybrid_greedy_speculation_equals_hf_generate(tiny_target, mode, schedul
     assert not hybrid.suffix._texts if mode == "colocated" else len(hybrid.suffix._texts) <= 8
 
 
-def test_where_drafting_does_not_pay_the_hybrid_forgoes_dspark_features_and_decodes_the_same(tiny_target):
+@pytest.mark.parametrize("mode", ["colocated", "decoupled"])
+def test_where_drafting_does_not_pay_the_hybrid_forgoes_dspark_features_and_decodes_the_same(tiny_target, mode):
     """A draft gate that measured drafting losing at batch 8 (a real gate, told so by rounds through its API): the
-    engine stops tapping the target for the hybrid (its prompt features are the last DSpark sees), DSpark drafts
-    none of those requests, and greedy output is still target-only's."""
+    engine stops tapping the target for the hybrid (its prompt features are the last DSpark sees; decoupled: the
+    far side hears of it with the next message, before that message's features), DSpark drafts none of those
+    requests, and greedy output is still target-only's."""
     from dspark.spec.draft_gate import DraftGate
     from dspark.spec.sps import SPSTable
 
@@ -270,19 +273,20 @@ def test_where_drafting_does_not_pay_the_hybrid_forgoes_dspark_features_and_deco
     hybrid.feature_drafter.observe = counting  # type: ignore[union-attr, method-assign]
     cfg = EngineConfig(target=str(tiny_target.path), drafter="hybrid", scheduler="greedy", num_draft_tokens=7,
                        max_num_seqs=8, max_model_len=512, sps_profile=tiny_sps_path(tiny_target.path))
-    engine = Engine(cfg, target=tiny_target, drafter=hybrid)
     gate = DraftGate()
     sps = SPSTable.from_file(tiny_sps_path(tiny_target.path))
     for _ in range(4):  # drafted rounds at batch 8 that took 10x their verify forward and accepted nothing
         gate.record(8, 8, 0, round_ms=100.0, verify_ms=10.0, sps=sps)
     assert gate.is_shut(8) and gate.is_shut(12) and not gate.is_shut(4)  # larger sizes inherit; smaller: unknown
-    engine.set_draft_gate(gate)
-    reqs = engine.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True))
-    assert [r.output_ids for r in reqs] == refs
-    assert all(fed[r.request_id] == 1 for r in reqs), fed  # the prompt's features, then none
-    assert "dspark" not in source_counts(engine)
-    assert not engine._forgone and not hybrid._forgone  # released with their requests
-    assert not hybrid.feature_drafter._contexts  # type: ignore[union-attr]
+    with hybrid_engine(mode, cfg, tiny_target, hybrid) as engine:
+        engine.set_draft_gate(gate)
+        reqs = engine.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True))
+        assert [r.output_ids for r in reqs] == refs
+        assert "dspark" not in source_counts(engine)
+        assert not engine._forgone  # released with their requests
+    # the prompt's features, then none (decoupled: the prompt's ride with the message that says so, unobserved)
+    assert all(fed[r.request_id] == (1 if mode == "colocated" else 0) for r in reqs), fed
+    assert mode == "decoupled" or (not hybrid._forgone and not hybrid.feature_drafter._contexts)  # type: ignore
 
 
 def test_hybrid_learns_dspark_acceptance_apart_where_the_cheap_sources_have_little(tiny_target):

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from dspark.actors.transport import Channel
-from dspark.models.drafters.base import DraftOutput, DraftRequest
+from dspark.models.drafters.base import FEATURES_OPTIONAL_DRAFTERS, DraftOutput, DraftRequest
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +76,11 @@ class RemoteDrafter:
         self.keepalive_s = keepalive_s
         self.hidden_layers = tuple(hidden_layers)
         self.name = name
+        self.features_optional = name in FEATURES_OPTIONAL_DRAFTERS  # the far side can draft without features
         self._state: dict[str, _Buffered] = {}
         self._released: list[str] = []
+        self._forgone: set[str] = set()  # requests whose features are forgone (their features are not sent)
+        self._newly_forgone: list[str] = []  # not yet told to the far side
         self._verdicts: list[tuple[str, int, int]] = []  # (request, verified, accepted) not yet sent
         self._in_flight: deque[tuple[int, list[str], TransportSpan]] = deque()
         self._seq = 0
@@ -106,6 +109,7 @@ class RemoteDrafter:
             self.error = repr(exc)
         self._state.clear()
         self._released.clear()
+        self._newly_forgone.clear()  # _forgone stays: the engine does not feed those requests again
         self._verdicts = []
         try:
             self.channel.close()
@@ -122,16 +126,28 @@ class RemoteDrafter:
         self.error = None
         self._state.clear()
         self._released.clear()
+        self._newly_forgone = list(self._forgone)  # the new peer is told too
         self._verdicts = []
         self._void_below = self._seq
         self._last_send_s = time.monotonic()
 
     # ---- FeatureDrafter -------------------------------------------------------------------------
     def observe(self, request_id: str, features: torch.Tensor) -> None:
-        if features.shape[0] and not self.is_broken:
+        if features.shape[0] and not self.is_broken and request_id not in self._forgone:
             self._state.setdefault(request_id, _Buffered()).features.append(features)
 
+    def forgo_features(self, request_id: str) -> None:
+        """`FeaturesOptional` (where the far side's drafter is): its buffered features are dropped, and the far
+        side is told with the next message, before that message's features are observed."""
+        if self.features_optional and request_id not in self._forgone:
+            self._forgone.add(request_id)
+            self._newly_forgone.append(request_id)
+            st = self._state.get(request_id)
+            if st is not None:
+                st.features = []
+
     def release(self, request_id: str) -> None:
+        self._forgone.discard(request_id)
         if self._state.pop(request_id, None) is not None:
             self._released.append(request_id)
 
@@ -211,9 +227,10 @@ class RemoteDrafter:
         message: dict[str, Any] = {
             "kind": kind, "seq": self._seq, "max_num_tokens": max_num_tokens, "requests": entries,
             "features": torch.cat(feats) if feats else None, "released": self._released,
-            "verdicts": self._verdicts}
+            "forgone": self._newly_forgone, "verdicts": self._verdicts}
         self._verdicts = []
         self._released = []
+        self._newly_forgone = []
         self._last_send_s = time.monotonic()
         return message
 

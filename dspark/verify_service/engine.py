@@ -19,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 from dspark.config.engine import EngineConfig, resolve_dtype
-from dspark.models.drafters.base import Drafter, DraftOutput, FeaturesOptional
+from dspark.models.drafters.base import Drafter, DraftOutput, features_optional
 from dspark.models.drafters.registry import make_drafter
 from dspark.models.target.generic_runner import GenericRunner
 from dspark.models.target.layer import ForwardOutput, SeqChunk
@@ -233,7 +233,7 @@ class Engine:
         they cost every step (the taps, the copy, DSpark's projection of each row) and bought nothing
         (batch 32 on a 2-core AMX Xeon: the hybrid 2 % behind target-only, verifying no draft token).
         Lossless: it depends on the batch size and past rounds' timings, never on the tokens being verified."""
-        if not self.hidden_layers or self.gate is None or not isinstance(self.drafter, FeaturesOptional):
+        if not self.hidden_layers or self.gate is None or not features_optional(self.drafter):
             return self.hidden_layers
         running = [r for r in self.running if not r.is_finished]
         if self.gate.is_shut(len(running)):
@@ -243,9 +243,9 @@ class Engine:
 
     def _forgo(self, req: Request) -> None:
         """No more drafter features for `req` (a `FeaturesOptional` drafter drafts it without them)."""
-        if req.request_id not in self._forgone and isinstance(self.drafter, FeaturesOptional):
+        if req.request_id not in self._forgone and features_optional(self.drafter):
             self._forgone.add(req.request_id)
-            self.drafter.forgo_features(req.request_id)
+            self.drafter.forgo_features(req.request_id)  # type: ignore[union-attr]
 
     def _note_gap(self, t0: float) -> None:
         """The draft gate's overhead O: the time between the last round and this one, minus prefill of
@@ -352,7 +352,7 @@ class Engine:
         context would lack the prefix); a drafter that needs features matches only blocks that kept them."""
         if self.prefix_cache is None:
             return [0] * len(reqs), [None] * len(reqs)
-        need_feats = bool(self.hidden_layers) and not isinstance(self.drafter, FeaturesOptional)
+        need_feats = bool(self.hidden_layers) and not features_optional(self.drafter)
         starts: list[int] = []
         feats: list[torch.Tensor | None] = []
         for req in reqs:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
@@ -97,16 +97,26 @@ class FeatureDrafter(Drafter, Protocol):
         ...
 
 
-@runtime_checkable
 class FeaturesOptional(Protocol):
-    """A feature drafter that can go on without a request's features (the hybrid: from its cheap sources).
-    Where drafting does not pay at the current load, the engine stops tapping and feeding the target's hidden
-    states for such a drafter's requests (`forgo_features`, once per request, for the rest of its life):
-    they cost every step and, under that load, bought nothing."""
+    """A feature drafter that can go on without a request's features (the hybrid: from its cheap sources), where
+    `features_optional` is true (a remote drafter has the method whatever drafts on the far side). Where
+    drafting does not pay at the current load, the engine stops tapping and feeding the target's hidden states
+    for such a drafter's requests (`forgo_features`, once per request, for the rest of its life): they cost
+    every step and, under that load, bought nothing."""
+
+    features_optional: bool
 
     def forgo_features(self, request_id: str) -> None:
         """No more features will come for this request: draft it without them; free what was kept for it."""
         ...
+
+
+FEATURES_OPTIONAL_DRAFTERS = ("hybrid",)  # drafter kinds whose features may be forgone (remote ones by name)
+
+
+def features_optional(drafter: object) -> bool:
+    """Whether `drafter` can go without a request's features (`FeaturesOptional`)."""
+    return bool(getattr(drafter, "features_optional", False))
 
 
 CHECKPOINTS_DIR = Path(__file__).resolve().parents[3] / "checkpoints"

@@ -58,6 +58,7 @@ class HybridDrafter:
     """Suffix sources and (optionally) a feature drafter, chosen per request (a `FeatureDrafter`)."""
 
     name = "hybrid"
+    features_optional = True  # its cheap sources draft a request whose features were forgone
 
     def __init__(self, suffix: SuffixDrafter, model: FeatureDrafter | None = None,
                  model_cost_ratio: float | None = None) -> None:
