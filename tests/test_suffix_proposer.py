@@ -106,6 +106,42 @@ def test_request_walk_is_prompt_lookup_with_frequencies():
     assert text.tokens().tolist()[-2:] == [2, 9]
 
 
+def _request_first_step(seq: list[int], min_ctx: int, max_ctx: int, max_occ: int) -> tuple[int, int, int, float]:
+    """Prompt lookup by its definition: the longest suffix (max_ctx .. min_ctx tokens) that occurred earlier
+    with a next token; its most recent `max_occ` occurrences; their most frequent next token (ties: the most
+    recent). (match, count, token, freq); match 0 where nothing occurred."""
+    n = len(seq)
+    for length in range(min(max_ctx, n - 1), max(min_ctx, 1) - 1, -1):
+        nexts = [seq[s + length] for s in range(n - length - 1, -1, -1) if seq[s:s + length] == seq[n - length:]]
+        nexts = nexts[:max_occ]
+        if nexts:
+            counts = Counter(nexts)
+            best = max(counts.values())
+            token = next(t for t in nexts if counts[t] == best)
+            return length, len(nexts), token, best / len(nexts)
+    return 0, 0, -1, 0.0
+
+
+@pytest.mark.parametrize("max_ctx", [3, 8, 16])
+def test_request_walk_takes_the_longest_earlier_context_up_to_max_ctx(max_ctx):
+    rng = np.random.default_rng(max_ctx)
+    for trial in range(300):
+        seq = rng.integers(0, int(rng.integers(2, 8)), size=int(rng.integers(2, 60))).tolist()
+        if trial % 3 == 0:  # a repeated stretch: long matches
+            seq = seq + seq[:int(rng.integers(1, len(seq) + 1))]
+        params = WalkParams(request_min_ctx=1, request_max_ctx=max_ctx, min_path_prob=0.0,
+                            max_occurrences=int(rng.integers(1, 12)))
+        text = RequestText()
+        text.sync(seq)
+        walk = text.walk(1, params)
+        match, count, token, freq = _request_first_step(seq, 1, max_ctx, params.max_occurrences)
+        if match == 0:
+            assert walk.tokens == []
+            continue
+        assert (walk.match[0], walk.count[0], walk.tokens[0]) == (match, count, token), seq
+        assert walk.freq[0] == pytest.approx(freq)
+
+
 def _build_in(root: str, seed: int) -> int:
     index = SuffixIndex.cached(random_docs(seed), root=Path(root))
     return int(index.sa.sum())

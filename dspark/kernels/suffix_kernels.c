@@ -106,24 +106,34 @@ static int64_t index_match(const int32_t *text, int64_t n_text, const int32_t *s
 
 /* The earlier occurrences in seq[0..n) of its last `len` tokens (len from max_ctx down to min_ctx, the longest
  * that occurs), each as the position of its next token, most recent first, at most max_occurrences, in
- * work; *num of them. Returns len (0: none). */
+ * work; *num of them. Returns len (0: none). Two passes over the text whatever max_ctx is: the first finds the
+ * longest match (each candidate end compared backwards against the suffix, stopping at max_ctx), the second
+ * keeps the occurrences that match that far (a pass per length tried cost max_ctx passes on a text without
+ * long repeats). */
 static int64_t request_match(const int32_t *seq, int64_t n, int64_t min_ctx, int64_t max_ctx, int64_t max_occurrences,
                              int64_t *work, int64_t *num) {
+    *num = 0;
     if (max_ctx > n - 1) max_ctx = n - 1;
-    for (int64_t len = max_ctx; len >= min_ctx && len >= 1; len--) {
-        const int32_t *suf = seq + n - len;
-        *num = 0;
-        /* occurrences starting at s with s + len < n (a next token exists), the suffix itself excluded */
-        for (int64_t s = n - len - 1; s >= 0; s--) {
-            int64_t i = 0;
-            while (i < len && seq[s + i] == suf[i]) i++;
-            if (i == len) work[(*num)++] = s + len;
+    if (min_ctx < 1) min_ctx = 1;
+    if (max_ctx < min_ctx) return 0;
+    const int32_t *last = seq + n - 1;
+    int64_t len = 0;
+    /* an occurrence ends at e (its next token e + 1 < n; e < n - 1 excludes the suffix itself) */
+    for (int64_t e = n - 2; e >= 0 && len < max_ctx; e--) {
+        int64_t i = 0, lim = e + 1 < max_ctx ? e + 1 : max_ctx;
+        while (i < lim && seq[e - i] == last[-i]) i++;
+        if (i > len) len = i;
+    }
+    if (len < min_ctx) return 0;
+    for (int64_t e = n - 2; e >= len - 1; e--) {
+        int64_t i = 0;
+        while (i < len && seq[e - i] == last[-i]) i++;
+        if (i == len) {
+            work[(*num)++] = e + 1;
             if (*num == max_occurrences) break; /* bounded work: the most recent ones */
         }
-        if (*num > 0) return len;
     }
-    *num = 0;
-    return 0;
+    return len;
 }
 
 /* Walk the most frequent continuation of the context suffix in the global index.
