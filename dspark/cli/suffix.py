@@ -7,8 +7,12 @@ import logging
 import resource
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from dspark.models.drafters.suffix.drafter import SuffixConfig
 
 suffix_app = typer.Typer(no_args_is_help=True, help="The training-free suffix proposer (drafter: suffix / hybrid).")
 
@@ -49,9 +53,9 @@ def build_cmd(path: Path = SUFFIX_DIR, fresh: bool = typer.Option(False, help="I
     t1 = time.perf_counter()
     index = SuffixIndex.cached(docs, root=root)  # the persisted copy, as a replica's start-up loads it
     t_load = time.perf_counter() - t1
-    propose_ms = _propose_cost(path, index, num_requests) if num_requests else None
+    propose_ms = _propose_cost(path, index, config, num_requests) if num_requests else None
     # at T > 0 the drafts are drawn from q and carry it (SparseQ)
-    propose_ms_t1 = _propose_cost(path, index, num_requests, temperature=1.0) if num_requests else None
+    propose_ms_t1 = _propose_cost(path, index, config, num_requests, temperature=1.0) if num_requests else None
     typer.echo(json.dumps({"num_tokens": index.num_tokens, "num_documents": len(docs),
                            "propose_ms_per_round": propose_ms, "propose_ms_per_round_t1": propose_ms_t1,
                            "num_requests": num_requests,
@@ -62,11 +66,12 @@ def build_cmd(path: Path = SUFFIX_DIR, fresh: bool = typer.Option(False, help="I
                            "peak_rss_mb": round(max(rss0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024)}))
 
 
-def _propose_cost(path: Path, index: object, num_requests: int, num_rounds: int = 200,
+def _propose_cost(path: Path, index: object, config: SuffixConfig, num_requests: int, num_rounds: int = 200,
                   temperature: float = 0.0) -> dict:
-    """Median and p90 ms of one `propose` round over `num_requests` requests whose contexts are eval prompts
-    followed by a continuation taken from the index's own text (so the walks find matches, as in serving);
-    at `temperature` > 0 the drafts are drawn from q and the round includes building their q rows."""
+    """Median and p90 ms of one `propose` round (the folder's walk parameters and sources) over `num_requests`
+    requests whose contexts are eval prompts followed by a continuation taken from the index's own text (so the
+    walks find matches, as in serving); at `temperature` > 0 the drafts are drawn from q and the round includes
+    building their q rows."""
     import statistics
 
     import numpy as np
@@ -80,7 +85,8 @@ def _propose_cost(path: Path, index: object, num_requests: int, num_rounds: int 
 
     tok = AutoTokenizer.from_pretrained(resolve_target_path("smollm2-135m-instruct"))
     cal = path / "calibration.json"
-    drafter = SuffixDrafter(index, SourceCalibration.load(cal) if cal.exists() else None)  # type: ignore[arg-type]
+    drafter = SuffixDrafter(index, SourceCalibration.load(cal) if cal.exists() else None,  # type: ignore[arg-type]
+                            config)
     rng = np.random.default_rng(0)
     text = index.text  # type: ignore[attr-defined]
     reqs, cursors = [], []
