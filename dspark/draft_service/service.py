@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from dspark.models.drafters.base import Drafter, DraftRequest
+from dspark.models.drafters.base import Drafter, DraftRequest, features_optional
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +63,9 @@ class DraftService:
             self._apply_verdicts(message.get("verdicts") or [])
             for rid in message.get("released", []):
                 self._forget(rid)
-            forgo = getattr(self.drafter, "forgo_features", None)
-            for rid in message.get("forgone", []) if forgo is not None else []:
-                forgo(rid)  # before this message's features: none of them is observed for it
+            if features_optional(self.drafter):
+                for rid in message.get("forgone", []):
+                    self.drafter.forgo_features(rid)  # before this message's features: none is observed for it
             for req in message["requests"]:
                 self._owner.setdefault(req["id"], owner)
             reply = self._draft(message)

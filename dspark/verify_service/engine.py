@@ -245,7 +245,7 @@ class Engine:
         """No more drafter features for `req` (a `FeaturesOptional` drafter drafts it without them)."""
         if req.request_id not in self._forgone and features_optional(self.drafter):
             self._forgone.add(req.request_id)
-            self.drafter.forgo_features(req.request_id)  # type: ignore[union-attr]
+            self.drafter.forgo_features(req.request_id)
 
     def _note_gap(self, t0: float) -> None:
         """The draft gate's overhead O: the time between the last round and this one, minus prefill of

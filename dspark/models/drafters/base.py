@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeGuard
 
 import numpy as np
 import torch
@@ -114,8 +114,9 @@ class FeaturesOptional(Protocol):
 FEATURES_OPTIONAL_DRAFTERS = ("hybrid",)  # drafter kinds whose features may be forgone (remote ones by name)
 
 
-def features_optional(drafter: object) -> bool:
-    """Whether `drafter` can go without a request's features (`FeaturesOptional`)."""
+def features_optional(drafter: object) -> TypeGuard[FeaturesOptional]:
+    """Whether `drafter` can go without a request's features (`FeaturesOptional`): the one test the engine and
+    the draft service both make."""
     return bool(getattr(drafter, "features_optional", False))
 
 
