@@ -205,6 +205,67 @@ def test_the_prefix_survival_scaling_is_fitted_bin_by_bin_and_round_trips(tmp_pa
     assert SourceCalibration.load(tmp_path / "c.json").scaling == {("corpus", "greedy"): params}
 
 
+def test_preferred_replays_the_choice_rule_on_the_rounds_walks():
+    """The most expected accepted tokens Σ_k Π c_i wins; a tie goes to the earlier source (suffix_kernels.c)."""
+    from dspark.training.suffix_calibrate import preferred
+
+    cal = SourceCalibration()  # no tables: c_k is the walk's frequency
+    strong, weak = ([0.9] * 3, [4] * 3, [3] * 3), ([0.2] * 3, [4] * 3, [2] * 3)
+    alts = (("request", *strong), ("corpus", *weak))
+    assert preferred(cal, ("request", "greedy", *strong, 3, 1, alts))
+    assert not preferred(cal, ("corpus", "greedy", *weak, 3, 1, alts))
+    assert preferred(cal, ("corpus", "greedy", *weak, 3, 1, (("corpus", *weak),)))  # alone: picked
+    tie = (("request", *weak), ("served", *weak))
+    assert preferred(cal, ("request", "greedy", *weak, 3, 1, tie)) and not preferred(cal, ("served", "greedy", *weak,
+                                                                                          3, 1, tie))
+
+
+def test_the_scaling_is_fitted_where_the_choice_rule_picks_a_source_and_undoes_the_winners_curse():
+    """Two sources whose estimates read the same context ease through independent noise, calibrated on every
+    explore round: where a source WINS the choice its estimate was optimistic (the winner's curse), so on the
+    rounds the scheduler reads its survival is over-confident. The scaling fitted on the picked rounds brings
+    that survival to its acceptance; one fitted on every round would not."""
+    from dspark.spec.source_calibration import fit_scaling
+    from dspark.training.suffix_calibrate import RoundLog, fit_scalings, heldout_ece, preferred
+
+    rng = np.random.default_rng(5)
+    sources = ("corpus", "served")
+
+    def rounds(n: int) -> list[tuple]:
+        rows = []
+        for i in range(n):
+            ease = rng.normal(0.3, 1.2)
+            est = {s: float(1 / (1 + np.exp(-(ease + rng.normal(0.0, 1.0))))) for s in sources}
+            src = sources[i % 2]  # explore: the sources take turns
+            accepted = 0
+            while accepted < 3 and rng.random() < 1 / (1 + np.exp(-ease)):
+                accepted += 1
+            alts = tuple((s, [est[s]] * 3, [8] * 3, [4] * 3) for s in sources)
+            rows.append((src, "greedy", [est[src]] * 3, [8] * 3, [4] * 3, 3, accepted, alts))
+        return rows
+
+    cal = SourceCalibration()
+    for r in rounds(20000):  # the tables: every explore round
+        cal.record(*r[:7])
+    scale, held = RoundLog(rounds(8000)), RoundLog(rounds(8000))
+
+    def served_bias(c: SourceCalibration, rows: list[tuple]) -> float:
+        """Mean a_1 the served source's picked rounds carried, minus their share of accepted first tokens."""
+        picked = [r for r in rows if r[0] == "served" and preferred(c, r)]
+        return float(np.mean([c.conditional(*r[:5])[0] for r in picked]) - np.mean([r[6] > 0 for r in picked]))
+
+    assert served_bias(cal, held.rows) > 0.04  # the tables alone: over-confident where served wins
+    everywhere = SourceCalibration(cal.tables, {("served", "greedy"): fit_scaling(
+        [cal.conditional(*r[:5]) for r in scale.rows if r[0] == "served"],
+        [r[5] for r in scale.rows if r[0] == "served"], [r[6] for r in scale.rows if r[0] == "served"])})
+    assert served_bias(everywhere, held.rows) > 0.03  # a scaling of every round keeps the curse
+    before = heldout_ece(cal, held.picked(cal), 3)["greedy"]["served"]["ece_mean_over_positions"]
+    report = fit_scalings(cal, scale, held, 3)
+    assert report["served/greedy"]["kept"] and report["served/greedy"]["num_rounds"] < 4000  # picked rounds only
+    assert abs(served_bias(cal, held.rows)) < 0.02
+    assert heldout_ece(cal, held.picked(cal), 3)["greedy"]["served"]["ece_mean_over_positions"] < before
+
+
 def test_frozen_cells_are_the_estimates_cell_by_cell():
     rng = np.random.default_rng(8)
     cal = SourceCalibration()

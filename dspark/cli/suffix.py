@@ -154,15 +154,18 @@ def calibrate_cmd(
             collect(engine, drafter, prompts, temp, max_new_tokens, batch_size, 0, fit, scale, held, bar)
     if kept is not None:
         fit.tables = kept
-    tables_only = heldout_ece(fit, held, gamma)
-    scalings = fit_scalings(fit, scale, held, gamma, tables_only)
+    tables_only = heldout_ece(fit, held.picked(fit), gamma)
+    scalings = fit_scalings(fit, scale, held, gamma)
     report = {"num_prompts": len(prompts), "temperatures": temperature, "wall_s": round(time.perf_counter() - t0, 1),
               "tables": "kept" if keep_tables else "fitted",
               "trials": {r: {s: t.num_trials for s, t in by.items()} for r, by in fit.tables.items()},
               "scaling": scalings,  # each fitted scaling, and whether it lowered its source's held-out ECE
-              "heldout_ece": heldout_ece(fit, held, gamma),
+              # on the held-out rounds the serving rule picks each source in (under the calibration judged):
+              # the survival the scheduler reads; and on every round the explore mode verified
+              "heldout_ece": heldout_ece(fit, held.picked(fit), gamma),
               "heldout_ece_without_scaling": tables_only,
-              "uncalibrated_ece": heldout_ece(SourceCalibration(), held, gamma)}
+              "heldout_ece_all_rounds": heldout_ece(fit, held, gamma),
+              "uncalibrated_ece": heldout_ece(SourceCalibration(), held.picked(SourceCalibration()), gamma)}
     if write:  # the regimes this run did not measure keep the tables and scalings they had
         if shipped.exists():
             before = SourceCalibration.load(shipped)

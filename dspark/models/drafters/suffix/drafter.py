@@ -66,6 +66,9 @@ class Proposal:
     conditional: list[float]
     temperature: float = 0.0
     regime: str = "greedy"  # the calibration regime its survival was read from and its outcome feeds
+    # explore mode (calibration runs) only: every source's deterministic walk of the round, in source order, the
+    # inputs of the choice rule; the calibration replays the rule on them (suffix_calibrate.preferred)
+    alternatives: tuple[tuple[str, Walk], ...] = ()
 
     @property
     def expected_tokens(self) -> float:
@@ -227,6 +230,11 @@ class SuffixDrafter:
             chosen[r] = Proposal(_SOURCE_NAMES[c], walk, walk.conf, req.temperature, regime_of(req.temperature))
         if to_draw:
             self._draw(requests, chosen, texts, served, max_num_tokens, to_draw)
+        if self.explore:
+            for r, p in enumerate(chosen):
+                if p is not None:
+                    p.alternatives = tuple((_SOURCE_NAMES[s], out.walk(r, s)) for s in range(len(_SOURCE_NAMES))
+                                           if has[r, s])
         return chosen
 
     def _draw(self, requests: list[DraftRequest], chosen: list[Proposal | None], texts: list[RequestText],
