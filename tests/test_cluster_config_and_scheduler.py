@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from ray.serve.schema import ServeDeploySchema
 
 from dspark.actors.cluster_scheduler import ClusterScheduler, WorkerLoad
-from dspark.config.serve import ServeAppConfig
+from dspark.config.serve import ABArm, ServeAppConfig
 from dspark.spec.sps import SPSTable
 from dspark.verify_service.step.capacity import CentralCapacity
 
@@ -31,7 +31,21 @@ def test_the_shipped_serve_yaml_is_a_valid_decoupled_config():
     assert mtp1.drafter == "mtp1" and mtp1.num_draft_tokens == 1 and mtp1.scheduler_kwargs == {"k": 1}
     assert cfg.num_cpus_per_replica == pytest.approx(0.1)
     engine_cfg = cfg.worker_engine_config()
-    assert engine_cfg.drafter == "none" and engine_cfg.scheduler == "greedy" and engine_cfg.num_threads == 1
+    # one micro-batch, the verify replica on both cores while its drafts are made (the two never compute at once)
+    assert engine_cfg.drafter == "none" and engine_cfg.scheduler == "greedy" and engine_cfg.num_threads == 2
+    assert cfg.micro_batches == 1 and mtp1.micro_batches == 1
+
+
+@pytest.mark.parametrize(("mode", "drafter", "expected"), [("decoupled", "hybrid", 2), ("colocated", "hybrid", 1),
+                                                           ("inline", "none", 1)])
+def test_micro_batches_default_to_ping_pong_only_where_a_draft_pool_can_overlap(mode, drafter, expected):
+    """An in-process drafter overlaps nothing: ping-pong would only halve each verify forward."""
+    cfg = ServeAppConfig.model_validate({"mode": mode, "drafter": drafter})
+    assert cfg.micro_batches == expected
+    assert ServeAppConfig.model_validate({"mode": mode, "drafter": drafter, "num_micro_batches": 3}).micro_batches == 3
+    # an A/B arm that changes the mode gets that mode's default, not the base's
+    arm = cfg.arm_config(ABArm(name="other", weight=1.0, overrides={"mode": "colocated"}))
+    assert arm.micro_batches == 1
 
 
 @pytest.mark.parametrize(("args", "message"), [

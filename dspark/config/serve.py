@@ -172,7 +172,11 @@ class ServeAppConfig(BaseModel):
     transport: Literal["gloo", "ray"] = Field(
         "gloo", description="Draft<->verify tensors: torch.distributed point-to-point (gloo on CPU) or Ray "
                             "object references.")
-    num_micro_batches: int = Field(2, ge=1, description="Ping-pong micro-batches per verify worker.")
+    num_micro_batches: int | None = Field(
+        None, ge=1, description="Ping-pong micro-batches per verify worker: a draft round of one overlaps the "
+                                "verification of another. null: 2 in decoupled mode, 1 in colocated mode (an "
+                                "in-process drafter overlaps nothing: more micro-batches only split each verify "
+                                "forward; session 42, the hybrid over HTTP at C = 4: 1.03 -> 1.61x no-spec TPS/user).")
     draft_device: str | None = Field(None, description="Drafter device in decoupled mode; null: same as device.")
     cluster_name: str = Field("dspark", pattern=r"^[A-Za-z0-9_.-]+$",
                               description="Prefix of the named actors (pools, scheduler).")
@@ -225,6 +229,11 @@ class ServeAppConfig(BaseModel):
         base.update({"max_ongoing_requests": None, **arm.overrides,
                      "cluster_name": f"{self.cluster_name}-{arm.name}", "arm_name": arm.name})
         return ServeAppConfig.model_validate(base)
+
+    @property
+    def micro_batches(self) -> int:
+        """`num_micro_batches`, or its default for the mode (see the field)."""
+        return self.num_micro_batches or (2 if self.mode == "decoupled" else 1)
 
     @property
     def capacity(self) -> int:

@@ -50,7 +50,7 @@ class VerifyWorker:
         if config.mode == "colocated":
             drafter = make_drafter(config.drafter, target, **dict(config.drafter_kwargs))
         self.engine = PipelinedEngine(engine_cfg, target=target, drafter=drafter,
-                                      num_micro_batches=config.num_micro_batches)
+                                      num_micro_batches=config.micro_batches)
         self.capacity: CentralCapacity | None = None
         if config.scheduler == "central":
             self.capacity = CentralCapacity()
