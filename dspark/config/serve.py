@@ -176,7 +176,8 @@ class ServeAppConfig(BaseModel):
         None, ge=1, description="Ping-pong micro-batches per verify worker: a draft round of one overlaps the "
                                 "verification of another. null: 2 in decoupled mode, 1 in colocated mode (an "
                                 "in-process drafter overlaps nothing: more micro-batches only split each verify "
-                                "forward; session 42, the hybrid over HTTP at C = 4: 1.03 -> 1.61x no-spec TPS/user).")
+                                "forward; session 42, the hybrid colocated over HTTP at C = 4: 1.03x no-spec "
+                                "TPS/user with 2, 1.55x with 1).")
     draft_device: str | None = Field(None, description="Drafter device in decoupled mode; null: same as device.")
     cluster_name: str = Field("dspark", pattern=r"^[A-Za-z0-9_.-]+$",
                               description="Prefix of the named actors (pools, scheduler).")
