@@ -160,6 +160,50 @@ def test_a_consumer_that_falls_behind_gets_the_missed_steps_as_one_output(tiny_t
     assert outs[-1].is_finished and not any(o.is_finished for o in outs[:-1])
 
 
+def test_a_stream_interval_holds_a_streams_steps_and_sends_them_merged(tiny_target):
+    """`stream_interval_ms`: the first token (TTFT) and the end go out at once, the steps between at most once
+    an interval, merged; the tokens and log-probs are the same. A stream whose caller leaves holds nothing."""
+    engine = Engine(EngineConfig(target=str(tiny_target.path), drafter="ngram", scheduler="fixed",
+                                 draft_gate=False, max_num_seqs=4, max_model_len=256), target=tiny_target)
+    prompts = tiny_prompts(tiny_target.model.config.vocab_size)[:2]
+    params = SamplingParams(max_tokens=60, ignore_eos=True, logprobs=0)
+    ref = engine.generate(prompts, params)
+    engine.config.stream_interval_ms = 30.0
+    front = AsyncEngine(engine)
+
+    async def stream(prompt: list[int], leave_after: int | None = None) -> list:
+        outs = []
+        async for out in front.generate(prompt, params):
+            outs.append((time.monotonic(), out))
+            if len(outs) == leave_after:
+                break
+        return outs
+
+    async def both() -> list:
+        return await asyncio.gather(stream(prompts[0]), stream(prompts[1]))
+
+    try:
+        runs = asyncio.run(both())
+        left = asyncio.run(stream(prompts[0], leave_after=1))
+        deadline = time.monotonic() + 10
+        while (front._held or front._sent_at) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not front._held and not front._sent_at  # the aborted stream left nothing behind
+    finally:
+        front.shutdown()
+    assert len(left) == 1
+    for r, timed in zip(ref, runs, strict=True):
+        outs = [o for _, o in timed]
+        tokens = [t for o in outs for t in o.new_token_ids]
+        assert tokens == r.output_ids == outs[-1].output_ids
+        assert [lp.token_id for o in outs for lp in o.new_logprobs] == tokens
+        assert outs[0].new_token_ids == r.output_ids[:1]  # the prefill's token is not held
+        assert outs[-1].is_finished and not any(o.is_finished for o in outs[:-1])
+        assert len(outs) < r.num_steps + 1  # fewer messages than steps
+        span = timed[-1][0] - timed[0][0]
+        assert len(outs) <= 2 + span / 0.030 + 1  # at most one an interval between the first and the end
+
+
 def test_ngram_drafter_copies_what_followed_the_latest_match():
     d = NgramDrafter(max_ngram=3)
     seq = [1, 2, 3, 4, 5, 9, 9, 1, 2, 3]

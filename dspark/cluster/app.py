@@ -114,7 +114,8 @@ def make_admission(config: ServeAppConfig) -> Admission:
     sla = config.sla
     return Admission(config.capacity, config.max_queued_requests,
                      SLATarget(sla.ttft_s, sla.tpot_s, sla.headroom) if config.admission == "sla" else None,
-                     max_batch=config.max_num_seqs, num_ingress_replicas=config.num_replicas)
+                     max_batch=config.max_num_seqs, num_ingress_replicas=config.num_replicas,
+                     stream_interval_s=config.stream_interval_ms / 1e3)
 
 
 def _replica_id() -> str:

@@ -37,6 +37,9 @@ class EngineConfig:
     max_step_stats: int | None = None
     # a streaming caller that fell behind gets the steps it missed as one output (AsyncEngine)
     merge_stream_outputs: bool = False  # measured: no gain over HTTP here (docs/results/engine)
+    # a stream sends at most once every this many ms (its first and last output at once), its steps merged:
+    # fewer messages downstream (Ray stream items, SSE chunks) for the same tokens (AsyncEngine._due)
+    stream_interval_ms: float = 0.0
     # prompt-prefix K/V kept for reuse (prefix_cache.py), MiB; 0 turns automatic prefix caching off
     prefix_cache_mb: int = 256
     # auto: the flattened runner for a family family.py describes, the generic transformers path for any other;

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import logging
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 
@@ -41,6 +42,9 @@ class AsyncEngine:
         self._stopped = False
         self._error: BaseException | None = None
         self._stepped_since_trim = False
+        # engine thread only: outputs the stream interval holds back (merged), and when each stream last sent
+        self._held: dict[str, RequestOutput] = {}
+        self._sent_at: dict[str, float] = {}
         self.num_trims = 0  # idle spells after work whose freed heap went back to the OS
         omp_teams.release()  # the loading thread's team would halve the loop thread's speed (see there)
         self._thread = threading.Thread(target=self._loop, name="dspark-engine", daemon=True)
@@ -115,6 +119,8 @@ class AsyncEngine:
                     self._fail_one(rid, exc)
             for rid in aborts:
                 eng.abort(rid)
+                self._held.pop(rid, None)
+                self._sent_at.pop(rid, None)
             if not eng.has_unfinished():
                 self._idle(eng)
                 self._wake.wait(timeout=0.5)
@@ -132,14 +138,45 @@ class AsyncEngine:
                     self.on_step()
                 except Exception:  # noqa: BLE001 - a failed report must not stop serving
                     log.exception("on_step hook failed")
-            with self._lock:  # one wake-up per event loop per step, not one per request
-                by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput]]] = {}
-                for out in outputs:
-                    target = self._queues.get(out.request_id)
-                    if target is not None:
-                        by_loop.setdefault(target[0], []).append((target[1], out))
-                for loop, items in by_loop.items():
-                    loop.call_soon_threadsafe(_deliver, items)
+            self._send(self._due(outputs, time.monotonic()))
+
+    def _due(self, outputs: list[RequestOutput], now: float) -> list[RequestOutput]:
+        """What goes out now, with a stream interval: a request's first and finishing outputs at once, the
+        others merged and sent at most once an interval. Each message downstream (a Ray stream item to the
+        ingress, an SSE chunk) costs CPU the engine shares at high concurrency; tokens are only held, never
+        changed (merge_outputs keeps their order and log-probs)."""
+        interval = self.engine.config.stream_interval_ms / 1e3
+        if interval <= 0 and not self._held:
+            return outputs
+        due: list[RequestOutput] = []
+        for out in outputs:
+            rid = out.request_id
+            held = self._held.pop(rid, None)
+            if held is not None:
+                out = merge_outputs(held, out)
+            sent = self._sent_at.get(rid)
+            if out.is_finished:
+                self._sent_at.pop(rid, None)
+            elif sent is None or now - sent >= interval:
+                self._sent_at[rid] = now
+            else:
+                self._held[rid] = out
+                continue
+            due.append(out)
+        for rid in [r for r, out in self._held.items() if now - self._sent_at[r] >= interval]:
+            due.append(self._held.pop(rid))  # a request that gained nothing this step (preempted) still flushes
+            self._sent_at[rid] = now
+        return due
+
+    def _send(self, outputs: list[RequestOutput]) -> None:
+        with self._lock:  # one wake-up per event loop per step, not one per request
+            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput]]] = {}
+            for out in outputs:
+                target = self._queues.get(out.request_id)
+                if target is not None:
+                    by_loop.setdefault(target[0], []).append((target[1], out))
+            for loop, items in by_loop.items():
+                loop.call_soon_threadsafe(_deliver, items)
 
     def _idle(self, eng: Engine) -> None:
         """An idle engine still keeps its links alive (a paired draft worker's receive would time out), and
@@ -170,6 +207,8 @@ class AsyncEngine:
                 target[0].call_soon_threadsafe(target[1].put_nowait, exc)
 
     def _fail_all(self, exc: BaseException) -> None:
+        held, self._held = list(self._held.values()), {}
+        self._send(held)  # the tokens held back go out before the error (resume.py continues after them)
         with self._lock:
             self._error = exc
             for loop, queue in self._queues.values():

@@ -48,6 +48,7 @@ class Admission:
     max_batch: int | None = None  # requests one verify replica batches (max_num_seqs); None: capacity
     num_ingress_replicas: int = 1  # ingress replicas sharing the arm's verify pool (each sees its share)
     cold_start_batch: int | None = None  # per verify replica before the first measurement; None: one batch
+    stream_interval_s: float = 0.0  # streams deliver at most this often: the token-rate windows span several
     num_in_flight: int = 0
     num_admitted: int = 0
     num_rejected: int = 0
@@ -60,7 +61,8 @@ class Admission:
 
     def __post_init__(self) -> None:
         self.model = LatencyModel(max_batch=max(1, self.max_batch or self.capacity),
-                                  num_replicas=1 / max(1, self.num_ingress_replicas))
+                                  num_replicas=1 / max(1, self.num_ingress_replicas),
+                                  window_s=max(LatencyModel.window_s, 4 * self.stream_interval_s))
 
     @property
     def mode(self) -> Mode:
