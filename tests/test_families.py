@@ -183,3 +183,28 @@ def test_drafters_built_from_each_family_load_only_against_their_target(family_t
         assert make_drafter(name, target, path=str(path)).hidden_layers
         with pytest.raises(ValueError, match="built for another target: architecture"):
             make_drafter(name, other, path=str(path))
+
+
+@pytest.mark.parametrize("kind", [k for k in NATIVE if k in FAMILY_CONFIGS])
+def test_the_rotary_table_gives_what_the_step_would_compute(family_targets, kind):
+    """Every family here has a position-only RoPE: the runner tables cos / sin once, and a step's rows looked up
+    from it are the rows computed for that step (rotary_table.py); a length-dependent RoPE is not tabled."""
+    import types
+
+    from dspark.models.target.rotary_table import is_static
+
+    runner = TargetRunner(family_targets[kind].model, 4, 64)
+    assert runner.rotary_table is not None
+    x = torch.zeros(5, runner.head_dim, dtype=runner.dtype)
+    positions = torch.tensor([0, 63, 7, 7, 31])
+    looked_up = runner._rotary_tables(x, positions)
+    table, runner.rotary_table = runner.rotary_table, None
+    computed = runner._rotary_tables(x, positions)
+    runner.rotary_table = table
+    assert looked_up.keys() == computed.keys()
+    for key, (cos, sin) in computed.items():
+        torch.testing.assert_close(looked_up[key][0], cos, rtol=0, atol=2e-7)
+        torch.testing.assert_close(looked_up[key][1], sin, rtol=0, atol=2e-7)
+    assert not is_static(types.SimpleNamespace(rope_type="dynamic"))
+    assert not is_static(types.SimpleNamespace(rope_type={"full_attention": "default", "sliding": "longrope"}))
+    assert is_static(types.SimpleNamespace(rope_type={"full_attention": "default", "sliding": "linear"}))

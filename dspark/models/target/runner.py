@@ -40,6 +40,7 @@ from dspark.models.target.generic_runner import GenericRunner
 from dspark.models.target.kv_cache import KVCachePool
 from dspark.models.target.layer import ForwardOutput, SeqChunk, attention_out_and_mlp, head_norms, rms_norm
 from dspark.models.target.native_forward import forward_fused, forward_native_attention
+from dspark.models.target.rotary_table import RotaryTable, is_static
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +116,11 @@ class TargetRunner:
             if ly.window is not None and ly.window >= max_model_len:
                 ly.window = None  # never reached: full attention (and the native paths) computes the same
         probe = torch.zeros(1, 1, self.head_dim, dtype=self.dtype, device=self.device)
+        self.rotary_table: RotaryTable | None = None
         self.rotary_dim = self._rotary_tables(probe[0], torch.zeros(1, dtype=torch.long,
                                                                      device=self.device))[self.layers[0].rotary_key][0].shape[-1]
+        if is_static(self.rotary):  # forward never reaches a position past max_model_len (it checks)
+            self.rotary_table = RotaryTable(self._rotary_tables, probe[0], max_model_len)
         linears = [lin for ly in self.layers for lin in (ly.qkv, ly.o, ly.gate_up, ly.down) if lin is not None]
         if gemm_plan is None:
             gemm_plan = plan_for(linears, self.lm_head, cache_dir(), row_invariant)
@@ -173,6 +177,8 @@ class TargetRunner:
 
     def _rotary_tables(self, x: torch.Tensor, positions: torch.Tensor) -> dict[str | None, tuple[torch.Tensor, ...]]:
         """cos, sin (T, rotary_dim) per rotary table the layers use (Gemma 3: one per layer type)."""
+        if self.rotary_table is not None:
+            return self.rotary_table.lookup(positions)
         tables = {}
         for key in {ly.rotary_key for ly in self.layers}:
             cos, sin = (self.rotary(x[None], positions[None]) if key is None
