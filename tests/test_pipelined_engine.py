@@ -12,6 +12,7 @@ from dspark.actors.transport import GlooChannel, free_port, pack, unpack
 from dspark.config.engine import EngineConfig
 from dspark.draft_service.client import RemoteDrafter
 from dspark.draft_service.service import DraftService, serve_channel
+from dspark.kernels import omp_teams
 from dspark.models.drafters.base import DraftOutput, DraftRequest
 from dspark.models.drafters.ngram import NgramDrafter
 from dspark.models.target.loader import TargetModel
@@ -118,7 +119,8 @@ def test_remote_drafter_over_gloo_is_lossless_and_delivers_the_exact_features(ti
     far = RecordingNgram(layers)
     server = threading.Thread(target=serve_channel, args=(draft_end, DraftService(far)), daemon=True)
     server.start()
-    remote = RemoteDrafter(verify_end, layers)
+    # as a CPU verify worker with one micro-batch runs it: the OpenMP team freed before each wait for a reply
+    remote = RemoteDrafter(verify_end, layers, on_block=omp_teams.release)
     engine = PipelinedEngine(config(tiny_target, draft_gate=False), target=tiny_target, drafter=remote)
     reqs = engine.generate(prompts, SamplingParams(max_tokens=NUM_NEW, ignore_eos=True))
     verify_end.send({"kind": "close"})
@@ -133,6 +135,7 @@ def test_remote_drafter_over_gloo_is_lossless_and_delivers_the_exact_features(ti
         assert torch.equal(there, here[:there.shape[0]]), rid
         assert there.shape[0] >= here.shape[0] - rows[-1].shape[0], rid
     assert remote.spans and all(s.transport_ms >= 0 for s in remote.spans)
+    assert remote.num_blocked_rounds == len(remote.spans)  # every reply was waited for, with the team freed
 
 
 class SlowRecordingNgram(RecordingNgram):

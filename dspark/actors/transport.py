@@ -23,6 +23,7 @@ import pickle
 import random
 import socket
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -90,7 +91,9 @@ def tensor_slots(skeleton: Any) -> list[_TensorSlot]:
 class Channel(Protocol):
     def send(self, message: Any) -> None: ...
 
-    def recv(self) -> Any: ...
+    def recv(self, on_block: Callable[[], None] | None = None) -> Any:
+        """The next message; `on_block` runs first when it may not be here yet (the caller is about to wait)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -150,9 +153,12 @@ class GlooChannel:
             self.num_bytes_sent += tensor.numel() * tensor.element_size()
         self.num_messages_sent += 1
 
-    def recv(self) -> Any:
+    def recv(self, on_block: Callable[[], None] | None = None) -> Any:
         header = torch.empty(_HEADER_LEN, dtype=torch.int64)
-        self.group.recv([header], self.peer, _HEADER_TAG).wait()
+        work = self.group.recv([header], self.peer, _HEADER_TAG)
+        if on_block is not None:
+            on_block()  # gloo cannot say whether the message is in before the wait: a receive meets its send
+        work.wait()
         num_bytes, _, peer_received = header.tolist()
         blob = torch.empty(num_bytes, dtype=torch.uint8)
         self.group.recv([blob], self.peer, _SKELETON_TAG).wait()
@@ -206,10 +212,13 @@ class RayChannel:
     def send(self, message: Any) -> None:
         self._replies.append(getattr(self.actor, self.method).remote(message))
 
-    def recv(self) -> Any:
+    def recv(self, on_block: Callable[[], None] | None = None) -> Any:
         import ray
 
-        return ray.get(self._replies.popleft())
+        reply = self._replies.popleft()
+        if on_block is not None and not ray.wait([reply], timeout=0)[0]:
+            on_block()
+        return ray.get(reply)
 
     def close(self) -> None:
         self._replies.clear()

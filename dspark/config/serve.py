@@ -183,6 +183,10 @@ class ServeAppConfig(BaseModel):
                                 "in-process drafter overlaps nothing: more micro-batches only split each verify "
                                 "forward; session 42, the hybrid colocated over HTTP at C = 4: 1.03x no-spec "
                                 "TPS/user with 2, 1.55x with 1).")
+    free_threads_while_drafting: bool = Field(
+        True, description="Decoupled mode on a CPU with one micro-batch: a verify worker frees its OpenMP threads "
+                          "while it waits for a draft round, rather than leave them spinning on the cores the draft "
+                          "worker answers on.")
     draft_device: str | None = Field(None, description="Drafter device in decoupled mode; null: same as device.")
     cluster_name: str = Field("dspark", pattern=r"^[A-Za-z0-9_.-]+$",
                               description="Prefix of the named actors (pools, scheduler).")

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,8 +72,12 @@ class RemoteDrafter:
     name = "remote"
 
     def __init__(self, channel: Channel, hidden_layers: tuple[int, ...], name: str = "remote",
-                 max_num_spans: int = 4096, keepalive_s: float = KEEPALIVE_S) -> None:
+                 max_num_spans: int = 4096, keepalive_s: float = KEEPALIVE_S,
+                 on_block: Callable[[], None] | None = None) -> None:
+        """`on_block`: run when a round's reply has not arrived yet and `collect` is about to wait for it."""
         self.channel = channel
+        self.on_block = on_block
+        self.num_blocked_rounds = 0  # rounds whose reply was not there when collected
         self.keepalive_s = keepalive_s
         self.hidden_layers = tuple(hidden_layers)
         self.name = name
@@ -245,7 +250,7 @@ class RemoteDrafter:
             return DraftOutput(tokens=[[] for _ in ids])  # nothing to verify: plain target steps
         span.collect_start_s = time.time()
         try:
-            reply = self.channel.recv()
+            reply = self.channel.recv(on_block=self._blocked)
         except Exception as exc:  # noqa: BLE001 - a dead peer
             self._fail(exc)
             return DraftOutput(tokens=[[] for _ in ids])
@@ -258,6 +263,11 @@ class RemoteDrafter:
         self.total_transport_ms += span.transport_ms
         return DraftOutput(tokens=reply["tokens"], probs=reply["probs"], confidences=reply["confidences"],
                            sources=reply.get("sources"), num_proposals=reply.get("num_proposals"))
+
+    def _blocked(self) -> None:
+        self.num_blocked_rounds += 1
+        if self.on_block is not None:
+            self.on_block()
 
     def in_flight_ids(self) -> list[str]:
         """Request ids of the oldest round in flight (what the next `collect` answers for)."""

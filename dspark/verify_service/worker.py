@@ -26,6 +26,7 @@ from dspark.actors.transport import GlooChannel, RayChannel, free_port, node_ip
 from dspark.config.engine import resolve_dtype
 from dspark.config.serve import ServeAppConfig
 from dspark.draft_service.client import RemoteDrafter
+from dspark.kernels import omp_teams
 from dspark.models.drafters.registry import make_drafter
 from dspark.models.target.loader import load_target
 from dspark.verify_service.async_engine import AsyncEngine
@@ -125,7 +126,15 @@ class VerifyWorker:
         if self.async_engine is not None:
             raise RuntimeError(f"{self.worker_id} is already serving (paired with {self.draft_worker})")
         self.channel, self.draft_worker = channel, draft_worker
-        self.engine.set_drafter(RemoteDrafter(channel, tuple(hidden_layers), name=self.config.drafter))
+        # on a CPU with one micro-batch (each round is collected right after it was sent), the wait for a reply
+        # frees this process's OpenMP team first: its threads would spin on the cores the draft worker needs to
+        # answer (GNU OpenMP spins ~10 ms for the next parallel region). Session 43, 2-core Xeon, a bf16 SmolLM2
+        # step then a gloo round trip to a process drafting 0.3 ms: 4.5 ms spinning, 2.0-2.5 ms released
+        # (the release 0.1 ms; the next step no slower). Two micro-batches: the reply is usually in already.
+        on_block = (omp_teams.release if self.config.free_threads_while_drafting and self.config.micro_batches == 1
+                    and self.engine.runner.device.type == "cpu" else None)
+        self.engine.set_drafter(RemoteDrafter(channel, tuple(hidden_layers), name=self.config.drafter,
+                                              on_block=on_block))
         self._start()
 
     def _start(self) -> None:
@@ -199,6 +208,7 @@ class VerifyWorker:
         if isinstance(drafter, RemoteDrafter) and drafter.spans:
             spans = list(drafter.spans)[-_NUM_TIMELINE_STEPS:]
             out["transport_ms_mean"] = sum(s.transport_ms for s in spans) / len(spans)
+            out["num_blocked_rounds"] = drafter.num_blocked_rounds  # replies not there yet when collected
             out["draft_wait_ms_mean"] = sum(s.exposed_ms for s in spans) / len(spans)
             out["draft_timeline"] = [{"seq": s.seq, "start_s": s.draft_start_s, "end_s": s.draft_end_s,
                                       "num_requests": s.num_requests} for s in spans]
