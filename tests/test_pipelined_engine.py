@@ -86,6 +86,38 @@ def test_pipelined_engine_greedy_equals_target_only(tiny_target, prompts, target
         assert max(s.num_requests for s in engine.stats) <= -(-6 // num_micro_batches) + 1
 
 
+@pytest.mark.parametrize("num_micro_batches", [1, 2])
+def test_arriving_prompts_ride_in_a_pipelined_round_and_greedy_output_stays_target_only(
+        tiny_target, prompts, monkeypatch, num_micro_batches):
+    """The verify workers' engine admits as the plain one does: prompts that arrive while others speculate are
+    computed in the round's forward (one pass over the weights), not a prefill forward of their own. Requests
+    of different lengths, greedy and sampled, end and are refilled at different steps; the greedy ones get
+    target-only's tokens. (A sampled request's tokens depend on when its drafts come, which batching moves; its
+    distribution is the T = 1 tests'.)"""
+    params = [SamplingParams(max_tokens=8 + 3 * i, ignore_eos=True, temperature=0.0 if i % 2 else 0.9,
+                             top_p=0.95, seed=11 + i) for i in range(8)]
+    engine = PipelinedEngine(config(tiny_target, draft_gate=False), target=tiny_target,
+                             num_micro_batches=num_micro_batches)
+    engine.config.max_num_seqs = 3
+    assert engine._can_fuse_admission()
+    forwards = []
+    real = engine.runner.forward
+
+    def recording_forward(chunks, *args, **kwargs):  # the real forward; notes prompts beside running tokens
+        forwards.append({c.start_pos == 0 for c in chunks})
+        return real(chunks, *args, **kwargs)
+
+    monkeypatch.setattr(engine.runner, "forward", recording_forward)
+    batched = engine.generate(prompts[:8], params)
+    assert sum(kinds == {True, False} for kinds in forwards) >= 3  # refills rode with running requests
+    assert sum(r.num_accepted for r in batched) > 0
+    assert [len(r.output_ids) for r in batched] == [p.max_tokens for p in params]
+    plain = Engine(config(tiny_target, "fixed", "none"), target=tiny_target)
+    greedy = [i for i, sp in enumerate(params) if sp.temperature == 0]
+    assert [batched[i].output_ids for i in greedy] == [plain.generate([prompts[i]], [params[i]])[0].output_ids
+                                                       for i in greedy]
+
+
 def test_pack_roundtrip_keeps_structure_and_tensors():
     msg = {"a": [1, (2, torch.arange(3))], "b": {"c": torch.ones(2, 2, dtype=torch.bfloat16)}, "d": None}
     skeleton, tensors = pack(msg)

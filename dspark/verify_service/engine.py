@@ -292,20 +292,34 @@ class Engine:
         more than the round (SmolLM2 bf16, 2-core AMX Xeon). New requests get their first token here and
         their first drafts at the next step; what any request samples is unchanged (`sample_plain` per
         request, its own generator; each token's logits do not depend on what else the forward carries)."""
-        free = self.config.max_num_seqs - len(self.running)
-        group = prefill_groups(self.waiting[:free])[0] if free > 0 else []
-        if not group:
-            return self._round(active, self._draft)
-        if not self.runner.takes_native_attention([SeqChunk(0, 0, r.prompt_ids, 1) for r in group]):
+        group = self._boarding()
+        if group is None:
             outputs = self._admit()  # a long prompt: its own forward (SDPA), as without fusing
             return outputs + self._round([r for r in self.running if not r.is_finished], self._draft)
+        if not group:
+            return self._round(active, self._draft)
+        return self._round_with_riders(active, group, self._draft_beside_prompts)
+
+    def _boarding(self) -> list[Request] | None:
+        """The waiting requests that ride in this step's round: one prefill group ([]: no room); None when a
+        prompt of it is too long for the native attention (they get a forward of their own)."""
+        free = self.config.max_num_seqs - len(self.running)
+        group = prefill_groups(self.waiting[:free])[0] if free > 0 else []
+        if group and not self.runner.takes_native_attention([SeqChunk(0, 0, r.prompt_ids, 1) for r in group]):
+            return None
+        return group
+
+    def _round_with_riders(self, active: list[Request], group: list[Request], draft_source: DraftSource,
+                           micro_batch: int = 0, extra_draft_ms: float = 0.0) -> list[RequestOutput]:
+        """`group` (from `_boarding`) admitted, its prompts computed in `active`'s round: their first tokens,
+        then the round's outputs."""
         self.waiting = self.waiting[len(group):]
         for req in group:
             req.slot = self.runner.cache.allocate()
             self.running.append(req)
         start, cached_feats = self._cached_prefixes(group)
         riders = [SeqChunk(r.slot, s, r.prompt_ids[s:], 1) for r, s in zip(group, start)]
-        outputs = self._round(active, self._draft_beside_prompts, riders=riders)
+        outputs = self._round(active, draft_source, micro_batch, extra_draft_ms, riders=riders)
         t0 = time.perf_counter()
         logits, rider_hidden = self._rider_logits, self._rider_hidden
         self._rider_logits = self._rider_hidden = None

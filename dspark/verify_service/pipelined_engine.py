@@ -75,22 +75,34 @@ class PipelinedEngine(Engine):
     # ---- the step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         outputs = self._reap_aborted()
-        outputs += self._admit()
         group = self._turn
         self._turn = (self._turn + 1) % self.num_micro_batches
-        running = [r for r in self.running if not r.is_finished]
-        if self._merged and not self._in_flight:  # no draft to overlap: one round over every micro-batch
-            if running:
-                outputs += self._round(running, no_draft, group)
+        merged = self._merged and not self._in_flight  # no draft to overlap: one round over every micro-batch
+
+        def members() -> list[Request]:
+            running = [r for r in self.running if not r.is_finished]
+            return running if merged else [r for r in running if r.micro_batch == group]
+
+        source = no_draft if merged else functools.partial(self._collect, group)
+        extra_ms = 0.0 if merged else self._submit_ms.pop(group, 0.0)
+        self._assign_micro_batches()
+        active = members()
+        # on the native-attention path the prompts admitted now ride in the round's forward (one pass over the
+        # weights, not two: `Engine._fused_admission_step`; at 32 requests a speculating worker admits one or
+        # two most steps, as requests end at different steps); else a prefill forward of their own first, and
+        # the round takes them in. Lossless as there: what rides depends on arrivals, never on draft tokens.
+        boarding = self._boarding() if active and self.waiting and self._can_fuse_admission() else None
+        if boarding:
+            outputs += self._round_with_riders(active, boarding, source, group, extra_ms)
         else:
-            active = [r for r in running if r.micro_batch == group]
+            outputs += self._admit()
+            active = members()
             if active:
-                outputs += self._round(active, functools.partial(self._collect, group), group,
-                                       self._submit_ms.pop(group, 0.0))
-            elif group in self._in_flight:  # everyone in it left: drain the round to keep replies in order
+                outputs += self._round(active, source, group, extra_ms)
+            elif not merged and group in self._in_flight:  # everyone in it left: drain it, replies in order
                 self._collect(group, [])
         self._release_finished()
-        self._submit(group, [r for r in running if r.micro_batch == group and not r.is_finished])
+        self._submit(group, [r for r in self.running if r.micro_batch == group and not r.is_finished])
         self.keepalive(is_idle=False)
         return outputs
 
@@ -101,13 +113,17 @@ class PipelinedEngine(Engine):
         if hasattr(rounds, "keepalive"):
             rounds.keepalive(flush_released=is_idle)
 
-    def _admit(self) -> list[RequestOutput]:
+    def _assign_micro_batches(self) -> None:
+        """The requests admitted next join the smallest micro-batches."""
         sizes = [0] * self.num_micro_batches
         for r in self.running:
             sizes[r.micro_batch] += 1
         for req in self.waiting[:max(0, self.config.max_num_seqs - len(self.running))]:
             req.micro_batch = min(range(self.num_micro_batches), key=lambda g: sizes[g])
             sizes[req.micro_batch] += 1
+
+    def _admit(self) -> list[RequestOutput]:
+        self._assign_micro_batches()
         return super()._admit()
 
     def _collect(self, group: int, active: list[Request]) -> DraftOutput:
