@@ -313,12 +313,15 @@ class Engine:
                            micro_batch: int = 0, extra_draft_ms: float = 0.0) -> list[RequestOutput]:
         """`group` (from `_boarding`) admitted, its prompts computed in `active`'s round: their first tokens,
         then the round's outputs."""
+        t0 = time.perf_counter()
         self.waiting = self.waiting[len(group):]
         for req in group:
             req.slot = self.runner.cache.allocate()
             self.running.append(req)
         start, cached_feats = self._cached_prefixes(group)
         riders = [SeqChunk(r.slot, s, r.prompt_ids[s:], 1) for r, s in zip(group, start)]
+        # admission's work (slots, prefix-cache lookups) is paid with or without drafts: not the gate's overhead O
+        self._prefill_ms += (time.perf_counter() - t0) * 1e3
         outputs = self._round(active, draft_source, micro_batch, extra_draft_ms, riders=riders)
         t0 = time.perf_counter()
         logits, rider_hidden = self._rider_logits, self._rider_hidden
