@@ -74,10 +74,10 @@ class RemoteDrafter:
     def __init__(self, channel: Channel, hidden_layers: tuple[int, ...], name: str = "remote",
                  max_num_spans: int = 4096, keepalive_s: float = KEEPALIVE_S,
                  on_block: Callable[[], None] | None = None) -> None:
-        """`on_block`: run when a round's reply has not arrived yet and `collect` is about to wait for it."""
+        """`on_block`: run when a round's reply may not have arrived yet and `collect` is about to wait for it."""
         self.channel = channel
         self.on_block = on_block
-        self.num_blocked_rounds = 0  # rounds whose reply was not there when collected
+        self.num_blocked_rounds = 0  # rounds collect may have waited for (over gloo: every one, it cannot tell)
         self.keepalive_s = keepalive_s
         self.hidden_layers = tuple(hidden_layers)
         self.name = name

@@ -208,7 +208,7 @@ class VerifyWorker:
         if isinstance(drafter, RemoteDrafter) and drafter.spans:
             spans = list(drafter.spans)[-_NUM_TIMELINE_STEPS:]
             out["transport_ms_mean"] = sum(s.transport_ms for s in spans) / len(spans)
-            out["num_blocked_rounds"] = drafter.num_blocked_rounds  # replies not there yet when collected
+            out["num_blocked_rounds"] = drafter.num_blocked_rounds  # rounds collect may have waited for
             out["draft_wait_ms_mean"] = sum(s.exposed_ms for s in spans) / len(spans)
             out["draft_timeline"] = [{"seq": s.seq, "start_s": s.draft_start_s, "end_s": s.draft_end_s,
                                       "num_requests": s.num_requests} for s in spans]
