@@ -15,9 +15,19 @@ in flight: a slack of N requests in flight past the limit was refilled as fast a
 so the share of a burst that reached Python grew with the ingress's speed (21 % and 88 % of the refusals in
 a burst of 2,000 on an idle test cluster, session 40), where a rate bounds it by the burst's duration.
 
-Until the first response after a (re)start HAProxy knows no limit and forwards everything; admission in the
+Until the first response after a start HAProxy knows no limit and forwards everything; admission in the
 ingress refuses as before. The limit is never below 1 per replica, so
 an idle backend always lets a request through, whose response brings the current limit.
+
+A reload (Ray starts a new haproxy with `-sf OLD_PID` whenever its routes or replicas change: four times in
+the first seconds of a test cluster, later on every scaling step) starts a process whose variables are empty.
+So the wrapper asks the running process for the limit and the wait it learned (`get var` on the admin socket
+Ray's config names) and writes them into the new config's global section (`set-var`): the new process refuses
+by them from its first request. Without that a burst that came just after a reload was forwarded whole, before
+any response could bring the limit (0 of 1,873-1,892 refusals by the door in 2 of 3 runs of the burst test,
+session 44). The new process still counts in flight only what it forwarded itself: requests the old one
+still serves are not counted, so for one request's time after a reload up to a limit more may reach the
+ingress, which refuses them.
 
 Ray Serve writes its HAProxy config itself (no hook), so `front_door.py` points Serve's HAProxy binary at a
 small wrapper script that runs this file: it adds the rules to the config named by `-f` (in place, under
@@ -40,9 +50,11 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import socket
 import sys
 
 MARKER = "# dspark front door"
+CARRIED = f"{MARKER}: learned by the process this one replaces"
 LIMIT_HEADER = "x-dspark-admit-limit"
 RETRY_HEADER = "x-dspark-retry-after"
 GENERATE_PATHS = ("/v1/chat/completions", "/v1/completions")
@@ -64,6 +76,15 @@ def _table(backend: str) -> str:
 
 def _excess_table(backend: str) -> str:
     return f"dspark_excess_{_var(backend)}"
+
+
+def _backends(config: str) -> list[str]:
+    """The backends the HTTP frontend routes to."""
+    return [m.group(1) for m in re.finditer(r"^\s*use_backend (\S+) if is_\1\s*$", config, re.M)]
+
+
+def _learned_names(backend: str) -> list[str]:
+    return [f"proc.dspark_limit_{_var(backend)}", f"proc.dspark_retry_{_var(backend)}"]
 
 
 def frontend_rules(backend: str, excess_per_s: int = EXCESS_PER_S) -> list[str]:
@@ -122,7 +143,7 @@ def add_rules(config: str, excess_per_s: int = EXCESS_PER_S) -> str:
     lines = config.split("\n")
     out: list[str] = []
     section = ""
-    backends = [m.group(1) for m in re.finditer(r"^\s*use_backend (\S+) if is_\1\s*$", config, re.M)]
+    backends = _backends(config)
     if not backends:
         return _warming_rules(lines)
     inserted_frontend = False
@@ -161,6 +182,44 @@ def _warming_rules(lines: list[str]) -> str:
     return "\n".join(out)
 
 
+def learned_values(config: str, timeout_s: float = 0.5) -> dict[str, int]:
+    """The limit and wait the HAProxy running on `config`'s admin socket has learned, per backend (those it
+    has not learned yet, or all when no process answers, are left out)."""
+    found = re.search(r"^\s*stats socket (\S+)", config, re.M)
+    if found is None:
+        return {}
+    values: dict[str, int] = {}
+    for name in (n for b in _backends(config) for n in _learned_names(b)):
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(timeout_s)
+                s.connect(found.group(1))
+                s.sendall(f"get var {name}\n".encode())
+                reply = b""
+                while chunk := s.recv(4096):
+                    reply += chunk
+        except OSError:  # no process, or too slow: the new one learns from its first response
+            return values
+        value = re.search(rb"type=sint value=<(-?\d+)>", reply)
+        if value is not None:
+            values[name] = int(value.group(1))
+    return values
+
+
+def carry_values(config: str, values: dict[str, int]) -> str:
+    """`config` with `values` set in its global section (replacing those a previous patch set)."""
+    lines = [line for line in config.split("\n") if CARRIED not in line and "set-var proc.dspark_" not in line]
+    if not values:
+        return "\n".join(lines)
+    out: list[str] = []
+    for line in lines:
+        out.append(line)
+        if line.strip() == "global":
+            out.append(f"    {CARRIED}")
+            out += [f"    set-var {name} int({value})" for name, value in sorted(values.items())]
+    return "\n".join(out)
+
+
 def _env_int(name: str, default: int, lowest: int) -> int:
     try:
         return max(lowest, int(os.environ.get(name, str(default))))
@@ -168,14 +227,17 @@ def _env_int(name: str, default: int, lowest: int) -> int:
         return default
 
 
-def patch_file(path: str, excess_per_s: int = EXCESS_PER_S) -> None:
-    """Add the rules to the config at `path`, under the lock Ray takes to write it."""
+def patch_file(path: str, excess_per_s: int = EXCESS_PER_S, learned: dict[str, int] | None = None) -> None:
+    """Add the rules to the config at `path`, and what the replaced process learned, under the lock Ray takes
+    to write it."""
     with open(path + ".lock", "a") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
         try:
             with open(path) as f:
                 text = f.read()
             patched = add_rules(text, excess_per_s)
+            if learned is not None:
+                patched = carry_values(patched, learned)
             if patched != text:
                 tmp = f"{path}.dspark.tmp"
                 with open(tmp, "w") as f:
@@ -209,14 +271,19 @@ def raise_priority(nice: int) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """`front_door_rules.py REAL_HAPROXY [haproxy args...]`: patch the `-f` config, raise the priority, exec
-    the real binary."""
+    """`front_door_rules.py REAL_HAPROXY [haproxy args...]`: patch the `-f` config (with what the process it
+    replaces learned, on a reload: `-sf`), raise the priority, exec the real binary."""
     real, args = argv[1], argv[2:]
     excess_per_s = _env_int("DSPARK_FRONT_DOOR_EXCESS_PER_S", EXCESS_PER_S, lowest=0)
+    is_reload = "-sf" in args or "-st" in args
     for i, arg in enumerate(args[:-1]):
         if arg == "-f" and os.path.isfile(args[i + 1]):
             try:
-                patch_file(args[i + 1], excess_per_s)
+                learned = None
+                if is_reload:  # asked outside Ray's lock: the running process answers at once or not at all
+                    with open(args[i + 1]) as f:
+                        learned = learned_values(f.read())
+                patch_file(args[i + 1], excess_per_s, learned)
             except OSError as exc:  # never keep HAProxy from starting: the ingress still admits
                 print(f"dspark front door: rules not added ({exc})", file=sys.stderr)
     raise_priority(_env_int("DSPARK_HAPROXY_NICE", HAPROXY_NICE, lowest=-20))
