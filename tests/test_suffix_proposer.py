@@ -193,7 +193,7 @@ def test_the_prefix_survival_scaling_is_fitted_bin_by_bin_and_round_trips(tmp_pa
     params = fit_scaling(conds, verified, accepted)
     assert params[0][0] == pytest.approx(1.5, abs=0.15) and params[0][1] == pytest.approx(-0.3, abs=0.1)
     bins = [min(k, 3) for k in range(7)]
-    scaled = [_shifted(c, 0.0, params, bins) for c in conds]
+    scaled = [_shifted(c, None, params, bins) for c in conds]
     bias_before, bias_after = [], []
     for k in range(7):
         observed = np.mean([n > k for n in accepted])
@@ -530,6 +530,33 @@ def test_the_live_shift_brings_an_overconfident_sources_survival_to_its_acceptan
     w = drafter.last["r"].walk
     assert w.conf == pytest.approx(drafter.calibration.conditional("corpus", "greedy", w.freq, w.count, w.match),
                                    abs=0.005)
+
+
+def test_the_live_shift_learns_each_position_on_its_own():
+    """The held-out fit can be off in opposite directions at two positions: shipped, position 1 survives 90 % and
+    position 2 (after 1) 50 %; the traffic has 60 % and 90 %. One shift for all positions would trade one
+    error for the other; the shift per position bin brings both conditionals to the traffic's."""
+    docs = [np.array([1, 2, 3, 4, 5, 6], dtype=np.int32)] * 50
+    walk = SuffixIndex.build(docs).walk(np.array([9, 1, 2], dtype=np.int32), 3, WalkParams())
+    rng = np.random.default_rng(1)
+
+    def verdict(first: float, second: float) -> int:
+        return 0 if rng.random() >= first else 1 if rng.random() >= second else 2
+
+    shipped = SourceCalibration()
+    for _ in range(20_000):
+        shipped.record("corpus", "greedy", walk.freq, walk.count, walk.match, 2, verdict(0.9, 0.5))
+    drafter = SuffixDrafter(SuffixIndex.build(docs), SourceCalibration.from_dict(shipped.to_dict()),
+                            SuffixConfig(sources=("corpus",), live_bias_rate=0.005))
+    before = drafter.propose([DraftRequest("r", [9, 1, 2], 0.0)], 2).confidences[0]
+    assert before == pytest.approx([0.9, 0.5], abs=0.03)
+    for _ in range(4000):
+        drafter.propose([DraftRequest("r", [9, 1, 2], 0.0)], 2)
+        drafter.feedback(["r"], [2], [verdict(0.6, 0.9)])
+    after = drafter.propose([DraftRequest("r", [9, 1, 2], 0.0)], 2).confidences[0]
+    assert after == pytest.approx([0.6, 0.9], abs=0.08), after
+    shift = drafter.calibration.bias[("corpus", "greedy")]
+    assert shift[0] < -0.8 and shift[1] > 1.0, shift  # opposite directions, each its own
 
 
 def test_served_text_joins_its_tenants_index_only_and_old_text_is_evicted():

@@ -99,9 +99,9 @@ class SuffixConfig:
     # own traffic (the tables depend on past rounds only: lossless); cells are re-read every N outcomes
     live_calibration: bool = True
     live_refresh_every: int = 2048
-    # and each source's survival is shifted in log-odds toward its recent acceptance (source_calibration.py):
-    # η of that online step (0: off); the native walk re-reads a source's cells once the shift moved by
-    # live_bias_refresh
+    # and each source's survival is shifted in log-odds toward its recent acceptance, per position bin
+    # (source_calibration.py): η of that online step (0: off); the native walk re-reads a source's cells once
+    # a bin's shift moved by live_bias_refresh
     live_bias_rate: float = 0.005
     live_bias_refresh: float = 0.02
     # the outputs this deployment serves, indexed per tenant (suffix/served.py); share_served: one store for
@@ -182,7 +182,7 @@ class SuffixDrafter:
             array = None if cells is None else np.asarray(cells, dtype=np.float32)
             # the array stays referenced beside its address (numpy's .ctypes.data costs microseconds a call)
             entry = self._tables[key] = (array, array.ctypes.data if array is not None else 0,
-                                         self.calibration.bias.get(key, 0.0))
+                                         list(self.calibration.bias.get(key, ())))
         return entry[1]
 
     def choose_batch(self, requests: list[DraftRequest], max_num_tokens: int) -> list[Proposal | None]:
@@ -316,7 +316,7 @@ class SuffixDrafter:
         elif self.config.live_bias_rate > 0:  # a shift that moved: that source's cells re-read (~0.1 ms)
             bias = self.calibration.bias
             for key in [k for k, e in self._tables.items()
-                        if abs(bias.get(k, 0.0) - e[2]) >= self.config.live_bias_refresh]:
+                        if _moved(bias.get(k, ()), e[2]) >= self.config.live_bias_refresh]:
                 del self._tables[key]
 
     def source_stats(self) -> dict[str, dict]:
@@ -332,3 +332,8 @@ class SuffixDrafter:
             self.served.add(tenant, text.tokens().copy())
         self.last.pop(request_id, None)
         self._rngs.pop(request_id, None)
+
+
+def _moved(now: list[float], then: list[float]) -> float:
+    """How far a source's live shift moved since its cells were read (the largest change of a position bin)."""
+    return max((abs(a - b) for a, b in itertools.zip_longest(now, then, fillvalue=0.0)), default=0.0)
