@@ -83,9 +83,11 @@ def get_or_create_scheduler(name: str, namespace: str | None = None, labels: dic
 class SchedulerClient:
     """Non-blocking report/answer exchange with the named scheduler actor."""
 
-    def __init__(self, name: str, namespace: str | None = None, answer_timeout_s: float = 5.0) -> None:
+    def __init__(self, name: str, namespace: str | None = None, answer_timeout_s: float = 5.0,
+                 min_interval_s: float = 0.0) -> None:
         self.name, self.namespace = name, namespace
         self.answer_timeout_s = answer_timeout_s
+        self.min_interval_s = min_interval_s  # reports at most this often (each is an actor call on both ends)
         self._handle: Any = None
         self._ref: Any = None
         self._sent_s = 0.0
@@ -103,12 +105,15 @@ class SchedulerClient:
         return self._handle
 
     @property
-    def is_waiting(self) -> bool:
-        return self._ref is not None
+    def is_due(self) -> bool:
+        """Whether a report would go out now: none is waiting for its answer and the interval has passed."""
+        return self._ref is None and time.perf_counter() - self._sent_s >= self.min_interval_s
 
     def report(self, load: WorkerLoad) -> None:
+        if not self.is_due:
+            return
         actor = self._actor()
-        if actor is None or self._ref is not None:
+        if actor is None:
             return
         self._ref = actor.report.remote(load)
         self._sent_s = time.perf_counter()

@@ -187,6 +187,10 @@ class ServeAppConfig(BaseModel):
         True, description="Decoupled mode on a CPU with one micro-batch: a verify worker frees its OpenMP threads "
                           "while it waits for a draft round, rather than leave them spinning on the cores the draft "
                           "worker answers on.")
+    scheduler_report_interval_ms: float = Field(
+        0.0, ge=0, description="A verify worker reports its load and survival table to the SchedulerActor (whose "
+                               "answer sets its capacity K) at most this often; 0: after every step whose previous "
+                               "report was answered.")
     draft_device: str | None = Field(None, description="Drafter device in decoupled mode; null: same as device.")
     cluster_name: str = Field("dspark", pattern=r"^[A-Za-z0-9_.-]+$",
                               description="Prefix of the named actors (pools, scheduler).")

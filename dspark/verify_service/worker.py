@@ -56,7 +56,8 @@ class VerifyWorker:
         if config.scheduler == "central":
             self.capacity = CentralCapacity()
             self.engine.set_scheduler(self.capacity)
-        self.scheduler_client = SchedulerClient(f"{config.cluster_name}-scheduler", "dspark")
+        self.scheduler_client = SchedulerClient(f"{config.cluster_name}-scheduler", "dspark",
+                                                min_interval_s=config.scheduler_report_interval_ms / 1e3)
         self.draft_worker: str | None = None
         self.channel: GlooChannel | RayChannel | None = None
         self._pending_channel: tuple[str, int] | None = None
@@ -165,7 +166,7 @@ class VerifyWorker:
         decision = self.scheduler_client.poll()
         if decision is not None and self.capacity is not None and decision.based_on_step > self._paired_at_step:
             self.capacity.set_capacity(decision.capacity)
-        if not self.scheduler_client.is_waiting:
+        if self.scheduler_client.is_due:
             self.scheduler_client.report(self.load())
 
     def load(self) -> WorkerLoad:
