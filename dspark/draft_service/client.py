@@ -173,6 +173,7 @@ class RemoteDrafter:
         if not self.is_broken:
             try:
                 self.channel.send(self._message("draft", requests, max_num_tokens))
+                self.channel.expect()  # its reply goes at once, not after a notice that this side is ready
             except Exception as exc:  # noqa: BLE001 - a dead peer: its round comes back empty
                 self._fail(exc)
         span = TransportSpan(self._seq, len(requests), send_s, (time.perf_counter() - t0) * 1e3)
