@@ -4,7 +4,9 @@ knew no limit and forwarded a burst that came right after whole (the burst test 
 
 from __future__ import annotations
 
+import socket
 import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -61,13 +63,12 @@ class _Ingress(BaseHTTPRequestHandler):
 
 def _start(config: Path, *extra: str) -> subprocess.Popen:
     """haproxy through the front door's wrapper, as Ray runs it (`-db -f CONFIG [-sf PID]`)."""
-    return subprocess.Popen(["python3", "-I", "-S", str(RULES), haproxy_binary(), "-db", "-f", str(config), *extra],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    args = [sys.executable, "-I", "-S", str(RULES), haproxy_binary(), "-db", "-f", str(config), *extra]
+    return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def _answers_on(socket_path: Path, pid: int, timeout_s: float = 10.0) -> None:
     """Wait until the admin socket is `pid`'s (what Ray waits for before it counts a reload done)."""
-    import socket
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:

@@ -37,6 +37,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -160,15 +161,15 @@ class GlooChannel:
 
     def send(self, message: Any) -> None:
         skeleton, tensors = pack(message)
-        pickled = pickle.dumps(skeleton)
-        first = torch.zeros(_FIRST_BYTES, dtype=torch.uint8)
-        first[:_HEADER_BYTES].view(torch.int64).copy_(
-            torch.tensor([len(pickled), len(tensors), self.num_messages_received], dtype=torch.int64))
-        parts = [(first, _HEADER_TAG)]
+        pickled = np.frombuffer(pickle.dumps(skeleton), dtype=np.uint8)
+        first = np.zeros(_FIRST_BYTES, dtype=np.uint8)
+        first[:_HEADER_BYTES] = np.array([len(pickled), len(tensors), self.num_messages_received],
+                                         dtype=np.int64).view(np.uint8)
+        parts = [(torch.from_numpy(first), _HEADER_TAG)]
         if _HEADER_BYTES + len(pickled) <= _FIRST_BYTES:
-            first[_HEADER_BYTES:_HEADER_BYTES + len(pickled)] = torch.frombuffer(bytearray(pickled), dtype=torch.uint8)
+            first[_HEADER_BYTES:_HEADER_BYTES + len(pickled)] = pickled
         else:
-            parts.append((torch.frombuffer(bytearray(pickled), dtype=torch.uint8), _SKELETON_TAG))
+            parts.append((torch.from_numpy(pickled.copy()), _SKELETON_TAG))
         parts += [(t, _TENSOR_TAG) for t in tensors if t.numel()]
         for tensor, tag in parts:
             self._pending_sends.append((self.num_messages_sent, self.group.send([tensor], self.peer, tag), [tensor]))
@@ -188,9 +189,10 @@ class GlooChannel:
         if on_block is not None:
             on_block()  # gloo cannot say whether the message is in before the wait: a receive meets its send
         work.wait()
-        num_bytes, _, peer_received = first[:_HEADER_BYTES].view(torch.int64).tolist()
+        raw = first.numpy()
+        num_bytes, _, peer_received = raw[:_HEADER_BYTES].view(np.int64).tolist()
         if _HEADER_BYTES + num_bytes <= _FIRST_BYTES:
-            pickled = first[_HEADER_BYTES:_HEADER_BYTES + num_bytes].numpy().tobytes()
+            pickled = raw[_HEADER_BYTES:_HEADER_BYTES + num_bytes].tobytes()
         else:
             blob = torch.empty(num_bytes, dtype=torch.uint8)
             self.group.recv([blob], self.peer, _SKELETON_TAG).wait()
