@@ -28,6 +28,34 @@ def test_native_gemm_matches_linear_and_its_rows_do_not_depend_on_the_row_count(
     assert torch.equal(got, alone)  # the same reduction order whatever else the step carries
 
 
+@pytest.mark.skipif(not native.supports_amx(torch.zeros(32, 32, dtype=torch.bfloat16)),
+                    reason="this CPU (or build) has no AMX-BF16")
+@pytest.mark.parametrize("rows", [1, 15, 16, 17, 32, 33, 70])
+def test_amx_gemm_gives_each_bf16_row_what_it_gets_alone_and_what_f_linear_gives(rows: int) -> None:
+    """The AMX kernel on a verify step's row counts: each row bit for bit what it gets alone (partial tiles of 16
+    rows included), and (on the AMX Xeon) what F.linear gives it; the plan checks the latter before it picks the
+    kernel at a row count (gemm_plan._is_row_invariant)."""
+    gen = torch.Generator().manual_seed(rows)
+    w = torch.randn(96, 160, generator=gen).to(torch.bfloat16)
+    x = torch.randn(rows, 160, generator=gen).to(torch.bfloat16)
+    packed = native.amx_pack(w)
+    got = native.amx_linear(x, packed, 96)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, 96)
+    torch.testing.assert_close(got.float(), F.linear(x, w).float(), atol=2e-2, rtol=2e-2)
+    alone = torch.cat([native.amx_linear(x[i:i + 1], packed, 96) for i in range(rows)])
+    assert torch.equal(got, alone)
+
+
+def test_amx_is_offered_only_for_bf16_weights_it_can_tile() -> None:
+    from dspark.kernels.gemm_plan import PlannedLinear
+
+    assert not native.supports_amx(torch.zeros(64, 64))  # fp32
+    assert not native.supports_amx(torch.zeros(40, 64, dtype=torch.bfloat16))  # 40 outputs: not whole tile pairs
+    lin = PlannedLinear(torch.randn(40, 24))  # where it cannot, "amx" is F.linear (as "packed" without oneDNN)
+    x = torch.randn(3, 24)
+    torch.testing.assert_close(lin(x, "amx"), F.linear(x, lin.weight))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 5, 60, 64, 70])
 def test_row_major_copies_a_transposed_head_output_exactly(dtype: torch.dtype, rows: int) -> None:

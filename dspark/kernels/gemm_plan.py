@@ -4,14 +4,18 @@ The fastest way to multiply T rows by a weight depends on the CPU, the dtype and
 large (SmolLM2-135M, all layer GEMMs of one step, 2 threads, Xeon with AVX-512 + AMX):
 - bf16, 8 rows: F.linear 21 ms, W @ xᵀ 14 ms; 1 row: torch.mv 12.7 ms, the others 19 ms;
 - fp32, 2-8 rows: W @ xᵀ 48-50 ms, F.linear 20-45 ms, oneDNN with prepacked weights 28 ms at 8 rows;
-and an AVX2-only CPU orders them differently again. So nothing is assumed: `measure_plan` times each
-candidate on the model's own weights at every row bucket (including the op that consumes the output: a
-layer's residual add, the head's row max; W @ xᵀ returns a transposed view that slows its consumer), and
-the result is cached per machine under ``~/.cache/dspark/gemm_plans/``.
+and an AVX2-only CPU orders them differently again. In bf16 on a CPU with AMX the native tile kernel ("amx",
+native_kernels.c) is a candidate too: on the same Xeon, all layer GEMMs of a step at 1 / 32 / 64 / 128 rows took
+10.3 / 13.2 / 17.2 / 25.3 ms against the best row-invariant PyTorch kernel's 13.6 / 18.0 / 26.8 / 39.7 ms (oneDNN
+stays row-invariant only up to ~32 rows, so a verify step past that fell back to W @ xᵀ). So nothing is assumed:
+`measure_plan` times each candidate on the model's own weights at every row bucket (including the op that
+consumes the output: a layer's residual add, the head's row max; W @ xᵀ returns a transposed view that slows its
+consumer), and the result is cached per machine under ``~/.cache/dspark/gemm_plans/``.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -29,7 +33,7 @@ from dspark.kernels.machine import cpu_signature
 
 log = logging.getLogger(__name__)
 
-KERNELS = ("linear", "wx", "packed", "mv", "native")  # timed candidates; see `blocked` for the bf16 fallback
+KERNELS = ("linear", "wx", "packed", "mv", "native", "amx")  # timed candidates; see `blocked` for the bf16 fallback
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # the native kernel is kept if within this factor of the fastest: at those row counts the runner's fused
 # path (native.py) also saves the ~2 ms of small PyTorch ops a step around the GEMMs, and a kernel used
@@ -81,6 +85,7 @@ class PlannedLinear:
         self.bias = bias.detach() if bias is not None else None
         self.packed: torch.Tensor | None = None
         self.native_packed: torch.Tensor | None = None
+        self.amx_packed: torch.Tensor | None = None
 
     def native_weight(self) -> torch.Tensor:
         """The weight in the native kernels' layout (packed on first use)."""
@@ -89,6 +94,21 @@ class PlannedLinear:
 
             self.native_packed = native.pack(self.weight)
         return self.native_packed
+
+    @functools.cached_property
+    def takes_amx(self) -> bool:
+        """Whether the AMX kernel takes this weight (elsewhere "amx" falls back to F.linear, as "packed" does)."""
+        from dspark.kernels import native
+
+        return native.supports_amx(self.weight)
+
+    def amx_weight(self) -> torch.Tensor:
+        """The weight in the AMX kernel's tile layout (packed on first use)."""
+        if self.amx_packed is None:
+            from dspark.kernels import native  # compiled on first use
+
+            self.amx_packed = native.amx_pack(self.weight)
+        return self.amx_packed
 
     def pack(self) -> bool:
         """Prepack for oneDNN (CPU only). False where this build or dtype cannot."""
@@ -113,6 +133,10 @@ class PlannedLinear:
             from dspark.kernels import native
 
             out = native.linear(x, self.native_weight(), self.weight.shape[0], self.name)
+        elif kernel == "amx" and self.takes_amx:
+            from dspark.kernels import native
+
+            out = native.amx_linear(x, self.amx_weight(), self.weight.shape[0], self.name)
         elif kernel == "mv" and x.shape[0] == 1:
             out = torch.mv(self.weight, x[0])[None]
         elif kernel == "wx":
@@ -240,10 +264,12 @@ def _row_references(linears: list[PlannedLinear], rows: int) -> list[tuple[Plann
 
 
 def available_kernels(can_pack: bool, weight: torch.Tensor) -> list[str]:
-    """The candidates for weights like `weight` (native: fp32 on a CPU with a C compiler)."""
+    """The candidates for weights like `weight` (native: fp32 on a CPU with a C compiler; amx: bf16 on a CPU with
+    AMX-BF16)."""
     from dspark.kernels import native
 
-    return [k for k in KERNELS if (k != "packed" or can_pack) and (k != "native" or native.supports(weight))]
+    return [k for k in KERNELS if (k != "packed" or can_pack) and (k != "native" or native.supports(weight))
+            and (k != "amx" or native.supports_amx(weight))]
 
 
 def _drop_unused_copies(plan: GemmPlan, linears: list[PlannedLinear]) -> None:
@@ -254,6 +280,8 @@ def _drop_unused_copies(plan: GemmPlan, linears: list[PlannedLinear]) -> None:
             lin.packed = None
         if "native" not in used:
             lin.native_packed = None
+        if "amx" not in used:
+            lin.amx_packed = None
 
 
 def measure_plan(layers: list[PlannedLinear], head: PlannedLinear, num_repeats: int = 3,
@@ -262,6 +290,8 @@ def measure_plan(layers: list[PlannedLinear], head: PlannedLinear, num_repeats: 
     (with `row_invariant`, in bf16 / fp16 the fastest of those that are row-invariant, see
     `_is_row_invariant`: what verification needs; bulk generation, which is compared with nothing,
     may take any)."""
+    from dspark.kernels import native
+
     can_pack = all(lin.pack() for lin in layers + [head])
     candidates = available_kernels(can_pack, head.weight)
     is_low_precision = row_invariant and head.weight.dtype in (torch.bfloat16, torch.float16)
@@ -271,8 +301,9 @@ def measure_plan(layers: list[PlannedLinear], head: PlannedLinear, num_repeats: 
     fallback: list[str] = []
     with torch.inference_mode():
         for group, linears in (("layers", layers), ("head", [head])):
+            takes_amx = "amx" in candidates and all(native.supports_amx(lin.weight) for lin in linears)
             for rows in ROW_BUCKETS:
-                kernels = [k for k in candidates if k != "mv" or rows == 1]
+                kernels = [k for k in candidates if (k != "mv" or rows == 1) and (k != "amx" or takes_amx)]
                 if is_low_precision:
                     variant = [k for k in kernels if not _is_row_invariant(linears, rows, k)]
                     rejected[group][rows] = variant

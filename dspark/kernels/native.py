@@ -34,6 +34,7 @@ from dspark.kernels.machine import ISA_ENV, cpu_signature
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native_kernels.c")
+AMX_ENV = "DSPARK_AMX"
 CFLAGS = ("-O3", "-march=native", "-fopenmp", "-funroll-loops", "-ffp-contract=fast", "-shared", "-fPIC", "-std=c11")
 
 
@@ -106,6 +107,12 @@ def library() -> ctypes.CDLL | None:
     lib.silu_mul_f32.restype = None
     lib.rms_norm_f32.argtypes = [i64, ptr, ptr, ptr, i64, ctypes.c_float, i64]
     lib.rms_norm_f32.restype = None
+    lib.amx_ready.argtypes = []
+    lib.amx_ready.restype = i64
+    lib.amx_pack_bf16.argtypes = [ptr, ptr, i64, i64]
+    lib.amx_pack_bf16.restype = None
+    lib.gemm_amx_bf16.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64]
+    lib.gemm_amx_bf16.restype = None
     for name in ("transpose_2byte", "transpose_4byte"):
         getattr(lib, name).argtypes = [ptr, ptr, i64, i64, i64, i64]
         getattr(lib, name).restype = None
@@ -151,6 +158,37 @@ def linear(x: torch.Tensor, packed: torch.Tensor, size_out: int, name: str = "ge
     with traced(f"native::{name}"):
         lib.gemm_blocked_f32(x.data_ptr(), packed.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], size_out,
                              torch.get_num_threads())
+    return y
+
+
+def supports_amx(weight: torch.Tensor) -> bool:
+    """Whether the AMX bf16 GEMM takes this weight: a bf16 CPU weight (out, in), both multiples of 32, on a build
+    with AMX (`-march=native` on a CPU with AMX-BF16) whose OS lets the process use the tile registers. DSPARK_AMX=0
+    in the environment takes it out of the candidates (the plan is then measured again, without it)."""
+    lib = library()
+    if os.environ.get(AMX_ENV, "1") == "0":
+        return False
+    return (lib is not None and weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and weight.dim() == 2
+            and weight.shape[0] % 32 == 0 and weight.shape[1] % 32 == 0 and bool(lib.amx_ready()))
+
+
+def amx_pack(weight: torch.Tensor) -> torch.Tensor:
+    """(out, in) bf16 -> the AMX kernel's layout: (out / 16, in / 32, 16, 16, 2), one B tile per block."""
+    lib = _required()
+    weight = weight.contiguous()
+    packed = torch.empty(weight.numel(), dtype=torch.bfloat16)
+    lib.amx_pack_bf16(weight.data_ptr(), packed.data_ptr(), weight.shape[0], weight.shape[1])
+    return packed
+
+
+def amx_linear(x: torch.Tensor, packed: torch.Tensor, size_out: int, name: str = "gemm") -> torch.Tensor:
+    """x (T, in) bf16 @ weightᵀ -> (T, size_out) bf16, with `packed` = amx_pack(weight)."""
+    lib = _required()
+    x = x.contiguous()
+    y = torch.empty(x.shape[0], size_out, dtype=torch.bfloat16)
+    with traced(f"native::{name}"):
+        lib.gemm_amx_bf16(x.data_ptr(), packed.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], size_out,
+                          torch.get_num_threads())
     return y
 
 

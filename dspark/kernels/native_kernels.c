@@ -6,6 +6,7 @@
  * output is one FMA chain over the inputs in order, whatever the row count: a row's result does not depend
  * on what else the step carries. Weights are packed once (native.py: pack) in blocks of 16 outputs.
  */
+#define _GNU_SOURCE /* syscall() for the AMX permission request */
 #include <stdint.h>
 #include <stdlib.h>
 #include <math.h>
@@ -136,6 +137,123 @@ void gemm_blocked_f32(const float *restrict x, const float *restrict wp, float *
 #pragma omp parallel num_threads(nt)
   gemm_part(x, wp, y, rows, in, out, omp_get_thread_num(), omp_get_num_threads());
 }
+
+/* ---- bf16 GEMM on AMX tiles (Intel AMX-BF16; compiled only where -march=native has it). ----
+ * y (M, N) bf16 = x (M, K) bf16 @ Wᵀ, W packed once (amx_pack_bf16) as (N / 16, K / 32, 16 k-pairs, 16 outputs, 2):
+ * each (16-output, 32-input) block is one B tile, contiguous along K. A tile is 16 rows of x (a partial last
+ * block is copied, zero-padded, into a scratch block); C tiles hold 16 x 16 fp32 sums. Every output is one
+ * TDPBF16PS chain over K in order, then rounded to bf16 (nearest even): a row's result does not depend on how
+ * many rows the call carries (on the AMX Xeon it is also bit for bit what F.linear gives that row alone). The
+ * oneDNN kernel PyTorch uses is that too only up to ~32 rows, so a verify step of 64-128 rows fell back to
+ * slower row-invariant kernels. Threads take runs of 32-output pairs in turn from a shared counter; each thread
+ * configures its tiles (2 x 2 C, 2 A, 2 B) and releases them at the end of the call. */
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+/* 1 where this build has the AMX kernel and the kernel (Linux) lets this process use the tile registers. */
+int64_t amx_ready(void) {
+  static int state = -1;
+  if (state < 0) state = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  return state;
+}
+
+typedef struct {
+  uint8_t palette_id, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} amx_tile_config;
+
+void amx_pack_bf16(const uint16_t *w, uint16_t *p, int64_t N, int64_t K) {
+  int64_t kbs = K / 32;
+  for (int64_t nb = 0; nb < N / 16; nb++)
+    for (int64_t kb = 0; kb < kbs; kb++) {
+      uint16_t *t = p + (nb * kbs + kb) * 512;
+      for (int64_t kk = 0; kk < 16; kk++)
+        for (int64_t n = 0; n < 16; n++)
+          for (int64_t e = 0; e < 2; e++) t[(kk * 16 + n) * 2 + e] = w[(nb * 16 + n) * K + kb * 32 + 2 * kk + e];
+    }
+}
+
+static inline void amx_store_rows(const float *c, uint16_t *y, int64_t ldy, int64_t rows) {
+  for (int64_t r = 0; r < rows; r++)
+    _mm256_storeu_si256((__m256i *)(y + r * ldy), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(c + 16 * r)));
+}
+
+/* N % 32 == 0, K % 32 == 0 (native.py: supports_amx). */
+void gemm_amx_bf16(const uint16_t *x, const uint16_t *p, uint16_t *y, int64_t M, int64_t K, int64_t N, int64_t nt) {
+  int64_t kbs = K / 32, npairs = N / 32, mbs = (M + 15) / 16, tail = M % 16;
+  uint16_t *pad = NULL; /* the partial last block of 16 rows, zero-padded */
+  if (tail) {
+    pad = calloc((size_t)(16 * K), sizeof(uint16_t));
+    memcpy(pad, x + (mbs - 1) * 16 * K, (size_t)(tail * K) * sizeof(uint16_t));
+  }
+  atomic_llong next = 0; /* runs of `chunk` output pairs handed out in turn (see attention_f32 on why) */
+#pragma omp parallel num_threads(nt)
+  {
+    int64_t nth = omp_get_num_threads(), chunk = (npairs + 16 * nth - 1) / (16 * nth);
+    float c[4][256] __attribute__((aligned(64)));
+    amx_tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette_id = 1;
+    for (int i = 0; i < 8; i++) cfg.rows[i] = 16, cfg.colsb[i] = 64;
+    _tile_loadconfig(&cfg);
+    for (int64_t lo = atomic_fetch_add(&next, chunk); lo < npairs; lo = atomic_fetch_add(&next, chunk))
+    for (int64_t np = lo; np < lo + chunk && np < npairs; np++) {
+      const uint16_t *b0 = p + 2 * np * kbs * 512, *b1 = b0 + kbs * 512;
+      for (int64_t mb = 0; mb < mbs; mb += 2) {
+        const uint16_t *a0 = tail && mb == mbs - 1 ? pad : x + mb * 16 * K;
+        int64_t r0 = M - mb * 16 < 16 ? M - mb * 16 : 16;
+        uint16_t *y0 = y + mb * 16 * N + np * 32;
+        _tile_zero(0);
+        _tile_zero(1);
+        if (mb + 1 < mbs) {
+          const uint16_t *a1 = tail && mb + 1 == mbs - 1 ? pad : a0 + 16 * K;
+          _tile_zero(2);
+          _tile_zero(3);
+          for (int64_t kb = 0; kb < kbs; kb++) {
+            _tile_loadd(4, a0 + kb * 32, K * 2);
+            _tile_loadd(5, a1 + kb * 32, K * 2);
+            _tile_loadd(6, b0 + kb * 512, 64);
+            _tile_loadd(7, b1 + kb * 512, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+          }
+          _tile_stored(2, c[2], 64);
+          _tile_stored(3, c[3], 64);
+          int64_t r1 = M - mb * 16 - 16 < 16 ? M - mb * 16 - 16 : 16;
+          amx_store_rows(c[2], y0 + 16 * N, N, r1);
+          amx_store_rows(c[3], y0 + 16 * N + 16, N, r1);
+        } else {
+          for (int64_t kb = 0; kb < kbs; kb++) {
+            _tile_loadd(4, a0 + kb * 32, K * 2);
+            _tile_loadd(6, b0 + kb * 512, 64);
+            _tile_loadd(7, b1 + kb * 512, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 7);
+          }
+        }
+        _tile_stored(0, c[0], 64);
+        _tile_stored(1, c[1], 64);
+        amx_store_rows(c[0], y0, N, r0);
+        amx_store_rows(c[1], y0 + 16, N, r0);
+      }
+    }
+    _tile_release();
+  }
+  free(pad);
+}
+#else
+int64_t amx_ready(void) { return 0; }
+void amx_pack_bf16(const uint16_t *w, uint16_t *p, int64_t N, int64_t K) { (void)w, (void)p, (void)N, (void)K; }
+void gemm_amx_bf16(const uint16_t *x, const uint16_t *p, uint16_t *y, int64_t M, int64_t K, int64_t N, int64_t nt) {
+  (void)x, (void)p, (void)y, (void)M, (void)K, (void)N, (void)nt;
+}
+#endif
 
 /* Attention of T single tokens over their own cache slots, computed in fp32 on fp32 or bf16 tensors.
  * Query t (row t of q, stride q_stride, heads contiguous) reads keys key_row[t] .. key_row[t] + num_keys[t] - 1
@@ -281,7 +399,7 @@ static inline __attribute__((always_inline)) void prefetch_rows(const void *base
 static inline __attribute__((always_inline)) void attention_generic(
     int64_t T, const void *q, int64_t q_stride, const void *k_cache, const void *v_cache, const int64_t *key_row,
     const int64_t *num_keys, void *out, float *probs, int64_t num_heads, int64_t num_kv_heads, const int64_t hd,
-    float scale, int64_t max_keys, int64_t tid, int64_t nthr, int bf16) {
+    float scale, int64_t max_keys, int64_t tid, int64_t nthr, atomic_llong *next, int bf16) {
   int64_t nkv = num_kv_heads * hd, group = num_heads / num_kv_heads, nc = hd / 16;
   int64_t cap = (T + nthr - 1) / nthr;
   cap = cap < 1 ? 1 : cap > ATTN_MAX_Q ? ATTN_MAX_Q : cap;
@@ -299,7 +417,9 @@ static inline __attribute__((always_inline)) void attention_generic(
   float *buf = malloc(sizeof(float) * (size_t)(cap * hq * hd + KEYS * width) + sizeof(vf16) * (size_t)(cap * hq * nc));
   float *qbuf = buf, *blk = qbuf + cap * hq * hd;
   vf16 *acc_all = (vf16 *)(blk + KEYS * width);
-  for (int64_t item = tid; item < num_pieces * split; item += nthr) {
+  /* items taken in turn from a shared counter (`next`), or tid, tid + nthr, ... without one (the fused stack) */
+  for (int64_t item = next ? atomic_fetch_add(next, 1) : tid; item < num_pieces * split;
+       item = next ? atomic_fetch_add(next, 1) : item + nthr) {
     int64_t pc = item / split, h0 = (item % split) * heads, t0 = piece[pc], nq = piece[pc + 1] - t0, n_max = 0;
     for (int64_t i = 0; i < nq; i++) n_max = num_keys[t0 + i] > n_max ? num_keys[t0 + i] : n_max;
     int64_t k0 = key_row[t0] * nkv + h0 * hd, stride = bf16 ? width : nkv;
@@ -422,35 +542,41 @@ static inline __attribute__((always_inline)) void attention_generic(
   do {                                                                                                               \
     if (hd == 64)                                                                                                    \
       attention_generic(T, q, q_stride, k_cache, v_cache, key_row, num_keys, out, probs, num_heads, num_kv_heads, 64, \
-                        scale, max_keys, tid, nthr, bf16);                                                           \
+                        scale, max_keys, tid, nthr, next, bf16);                                                           \
     else                                                                                                             \
       attention_generic(T, q, q_stride, k_cache, v_cache, key_row, num_keys, out, probs, num_heads, num_kv_heads, hd, \
-                        scale, max_keys, tid, nthr, bf16);                                                           \
+                        scale, max_keys, tid, nthr, next, bf16);                                                           \
   } while (0)
 
 static void attention_part(int64_t T, const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
                            const int64_t *key_row, const int64_t *num_keys, float *out, float *probs,
                            int64_t num_heads, int64_t num_kv_heads, int64_t hd, float scale, int64_t max_keys,
-                           int64_t tid, int64_t nthr) {
+                           int64_t tid, int64_t nthr, atomic_llong *next) {
   ATTENTION(0);
 }
 
-/* attention_f32 / attention_bf16: the above over nt threads. */
+/* attention_f32 / attention_bf16: the above over nt threads, items handed out one at a time from a shared counter:
+ * on cores the model shares with other processes (a server's ingress, its proxy), a thread preempted for a moment
+ * does not hold its share of the items up while the other waits at the region's end (a static split made every
+ * burst of another process cost about twice its own time). */
 void attention_f32(int64_t T, const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
                    const int64_t *key_row, const int64_t *num_keys, float *out, float *probs, int64_t num_heads,
                    int64_t num_kv_heads, int64_t hd, float scale, int64_t max_keys, int64_t nt) {
+  atomic_llong next = 0;
 #pragma omp parallel num_threads(nt)
   attention_part(T, q, q_stride, k_cache, v_cache, key_row, num_keys, out, probs, num_heads, num_kv_heads, hd, scale,
-                 max_keys, omp_get_thread_num(), omp_get_num_threads());
+                 max_keys, omp_get_thread_num(), omp_get_num_threads(), &next);
 }
 
 void attention_bf16(int64_t T, const uint16_t *q, int64_t q_stride, const uint16_t *k_cache,
                     const uint16_t *v_cache, const int64_t *key_row, const int64_t *num_keys, uint16_t *out,
                     float *probs, int64_t num_heads, int64_t num_kv_heads, int64_t hd, float scale, int64_t max_keys,
                     int64_t nt) {
+  atomic_llong next_item = 0;
 #pragma omp parallel num_threads(nt)
   {
     int64_t tid = omp_get_thread_num(), nthr = omp_get_num_threads();
+    atomic_llong *next = &next_item;
     ATTENTION(1);
   }
 }
@@ -545,7 +671,7 @@ void decoder_stack_f32(int64_t T, float *restrict x, float *restrict scratch, in
         }
       barrier_wait(&bar, &sense, n);
       attention_part(T, qkv, nqkv, k_cache, v_cache, key_row, num_keys, attn, probs, num_heads, num_kv_heads, hd,
-                     scale, max_keys, tid, n);
+                     scale, max_keys, tid, n, NULL);
       barrier_wait(&bar, &sense, n);
       gemm_part(attn, w_o, h, T, nq, d, tid, n);
       barrier_wait(&bar, &sense, n);
