@@ -18,7 +18,7 @@ dashboard_app = typer.Typer(no_args_is_help=True, help="Grafana dashboards (gene
 def autoscale_simulate_cmd(
     traces: str = typer.Option("rising,bursty,falling", help="Comma-separated traces (dspark.autoscale.simulate)."),
     sps_profile: Path = typer.Option(
-        Path("configs/profiles/cpu-amx-intel-r-xeon-r-processor-smollm2-135m-instruct-bfloat16.json"),
+        Path("configs/profiles/cpu-amx-intel-r-xeon-r-processor-smollm2-135m-instruct-bfloat16-2t.json"),
         help="SPS profile whose step times the simulated verify replicas run at."),
     ttft_sla_s: float = typer.Option(1.0, help="TTFT p50 SLA."),
     tpot_sla_s: float = typer.Option(0.05, help="Time-per-output-token p50 SLA."),
