@@ -133,7 +133,7 @@ class PlannedLinear:
             from dspark.kernels import native
 
             out = native.linear(x, self.native_weight(), self.weight.shape[0], self.name)
-        elif kernel == "amx" and self.takes_amx:
+        elif kernel == "amx" and self.takes_amx and x.dtype == torch.bfloat16:
             from dspark.kernels import native
 
             out = native.amx_linear(x, self.amx_weight(), self.weight.shape[0], self.name)
