@@ -24,6 +24,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -152,12 +153,16 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 
 def linear(x: torch.Tensor, packed: torch.Tensor, size_out: int, name: str = "gemm") -> torch.Tensor:
     """x (T, in) fp32 @ weightᵀ -> (T, size_out), with `packed` = pack(weight)."""
-    lib = _required()
+    return _gemm(_required().gemm_blocked_f32, x, packed, size_out, torch.float32, name)
+
+
+def _gemm(kernel: Any, x: torch.Tensor, packed: torch.Tensor, size_out: int, dtype: torch.dtype,
+          name: str) -> torch.Tensor:
+    """A native GEMM `kernel(x, packed, y, rows, in, out, threads)` into a new (rows, size_out) `dtype` tensor."""
     x = x.contiguous()
-    y = torch.empty(x.shape[0], size_out, dtype=torch.float32)
+    y = torch.empty(x.shape[0], size_out, dtype=dtype)
     with traced(f"native::{name}"):
-        lib.gemm_blocked_f32(x.data_ptr(), packed.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], size_out,
-                             torch.get_num_threads())
+        kernel(x.data_ptr(), packed.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], size_out, torch.get_num_threads())
     return y
 
 
@@ -183,13 +188,7 @@ def amx_pack(weight: torch.Tensor) -> torch.Tensor:
 
 def amx_linear(x: torch.Tensor, packed: torch.Tensor, size_out: int, name: str = "gemm") -> torch.Tensor:
     """x (T, in) bf16 @ weightᵀ -> (T, size_out) bf16, with `packed` = amx_pack(weight)."""
-    lib = _required()
-    x = x.contiguous()
-    y = torch.empty(x.shape[0], size_out, dtype=torch.bfloat16)
-    with traced(f"native::{name}"):
-        lib.gemm_amx_bf16(x.data_ptr(), packed.data_ptr(), y.data_ptr(), x.shape[0], x.shape[1], size_out,
-                          torch.get_num_threads())
-    return y
+    return _gemm(_required().gemm_amx_bf16, x, packed, size_out, torch.bfloat16, name)
 
 
 def supports_attention(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:

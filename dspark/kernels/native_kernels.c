@@ -542,10 +542,10 @@ static inline __attribute__((always_inline)) void attention_generic(
   do {                                                                                                               \
     if (hd == 64)                                                                                                    \
       attention_generic(T, q, q_stride, k_cache, v_cache, key_row, num_keys, out, probs, num_heads, num_kv_heads, 64, \
-                        scale, max_keys, tid, nthr, next, bf16);                                                           \
+                        scale, max_keys, tid, nthr, next, bf16);                                                     \
     else                                                                                                             \
       attention_generic(T, q, q_stride, k_cache, v_cache, key_row, num_keys, out, probs, num_heads, num_kv_heads, hd, \
-                        scale, max_keys, tid, nthr, next, bf16);                                                           \
+                        scale, max_keys, tid, nthr, next, bf16);                                                     \
   } while (0)
 
 static void attention_part(int64_t T, const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
