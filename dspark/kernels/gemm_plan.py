@@ -290,8 +290,6 @@ def measure_plan(layers: list[PlannedLinear], head: PlannedLinear, num_repeats: 
     (with `row_invariant`, in bf16 / fp16 the fastest of those that are row-invariant, see
     `_is_row_invariant`: what verification needs; bulk generation, which is compared with nothing,
     may take any)."""
-    from dspark.kernels import native
-
     can_pack = all(lin.pack() for lin in layers + [head])
     candidates = available_kernels(can_pack, head.weight)
     is_low_precision = row_invariant and head.weight.dtype in (torch.bfloat16, torch.float16)
@@ -301,7 +299,7 @@ def measure_plan(layers: list[PlannedLinear], head: PlannedLinear, num_repeats: 
     fallback: list[str] = []
     with torch.inference_mode():
         for group, linears in (("layers", layers), ("head", [head])):
-            takes_amx = "amx" in candidates and all(native.supports_amx(lin.weight) for lin in linears)
+            takes_amx = "amx" in candidates and all(lin.takes_amx for lin in linears)
             for rows in ROW_BUCKETS:
                 kernels = [k for k in candidates if (k != "mv" or rows == 1) and (k != "amx" or takes_amx)]
                 if is_low_precision:
@@ -334,7 +332,7 @@ def plan_key(layers: list[PlannedLinear], head: PlannedLinear, row_invariant: bo
              "row_invariant": row_invariant, "kernels": available_kernels(True, head.weight),
              "fallback": "blocked",  # plans of the one-row-at-a-time fallback are measured again
              "head_consumer": "row-major, row max"}  # and those that timed the head without its consumer
-    if "native" in ident["kernels"]:
+    if {"native", "amx"} & set(ident["kernels"]):
         from dspark.kernels import native
 
         ident["native_build"] = native.build_id()  # a rebuilt kernel is measured again

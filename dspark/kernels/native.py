@@ -170,9 +170,9 @@ def supports_amx(weight: torch.Tensor) -> bool:
     """Whether the AMX bf16 GEMM takes this weight: a bf16 CPU weight (out, in), both multiples of 32, on a build
     with AMX (`-march=native` on a CPU with AMX-BF16) whose OS lets the process use the tile registers. DSPARK_AMX=0
     in the environment takes it out of the candidates (the plan is then measured again, without it)."""
-    lib = library()
     if os.environ.get(AMX_ENV, "1") == "0":
         return False
+    lib = library()
     return (lib is not None and weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and weight.dim() == 2
             and weight.shape[0] % 32 == 0 and weight.shape[1] % 32 == 0 and bool(lib.amx_ready()))
 

@@ -185,11 +185,20 @@ static inline void amx_store_rows(const float *c, uint16_t *y, int64_t ldy, int6
 /* N % 32 == 0, K % 32 == 0 (native.py: supports_amx). */
 void gemm_amx_bf16(const uint16_t *x, const uint16_t *p, uint16_t *y, int64_t M, int64_t K, int64_t N, int64_t nt) {
   int64_t kbs = K / 32, npairs = N / 32, mbs = (M + 15) / 16, tail = M % 16;
-  uint16_t *pad = NULL; /* the partial last block of 16 rows, zero-padded */
+  /* the partial last block of 16 rows, zero-padded, in a buffer of the calling thread kept across calls (a decode
+   * step's every GEMM has one: no allocation per call) */
+  static __thread uint16_t *pad = NULL;
+  static __thread int64_t pad_cap = 0;
   if (tail) {
-    pad = calloc((size_t)(16 * K), sizeof(uint16_t));
-    memcpy(pad, x + (mbs - 1) * 16 * K, (size_t)(tail * K) * sizeof(uint16_t));
+    if (pad_cap < 16 * K) {
+      free(pad);
+      pad = malloc(sizeof(uint16_t) * (size_t)(16 * K));
+      pad_cap = 16 * K;
+    }
+    memcpy(pad, x + (mbs - 1) * 16 * K, sizeof(uint16_t) * (size_t)(tail * K));
+    memset(pad + tail * K, 0, sizeof(uint16_t) * (size_t)((16 - tail) * K));
   }
+  const uint16_t *last = pad; /* the team's threads read the caller's buffer, not their own (thread-local) one */
   atomic_llong next = 0; /* runs of `chunk` output pairs handed out in turn (see attention_f32 on why) */
 #pragma omp parallel num_threads(nt)
   {
@@ -204,13 +213,13 @@ void gemm_amx_bf16(const uint16_t *x, const uint16_t *p, uint16_t *y, int64_t M,
     for (int64_t np = lo; np < lo + chunk && np < npairs; np++) {
       const uint16_t *b0 = p + 2 * np * kbs * 512, *b1 = b0 + kbs * 512;
       for (int64_t mb = 0; mb < mbs; mb += 2) {
-        const uint16_t *a0 = tail && mb == mbs - 1 ? pad : x + mb * 16 * K;
+        const uint16_t *a0 = tail && mb == mbs - 1 ? last : x + mb * 16 * K;
         int64_t r0 = M - mb * 16 < 16 ? M - mb * 16 : 16;
         uint16_t *y0 = y + mb * 16 * N + np * 32;
         _tile_zero(0);
         _tile_zero(1);
         if (mb + 1 < mbs) {
-          const uint16_t *a1 = tail && mb + 1 == mbs - 1 ? pad : a0 + 16 * K;
+          const uint16_t *a1 = tail && mb + 1 == mbs - 1 ? last : a0 + 16 * K;
           _tile_zero(2);
           _tile_zero(3);
           for (int64_t kb = 0; kb < kbs; kb++) {
@@ -245,7 +254,6 @@ void gemm_amx_bf16(const uint16_t *x, const uint16_t *p, uint16_t *y, int64_t M,
     }
     _tile_release();
   }
-  free(pad);
 }
 #else
 int64_t amx_ready(void) { return 0; }
