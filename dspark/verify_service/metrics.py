@@ -46,23 +46,33 @@ class EngineMetrics:
         self._observe_transport(engine.drafter)
 
     def _observe_sources(self, s: StepStats) -> None:
-        """Per draft source (multi-source drafters): proposals, chosen drafts, verified/accepted tokens."""
+        """Per draft source (multi-source drafters): proposals, chosen drafts, verified/accepted tokens. Summed over
+        the step's requests first: one counter update per source and series, not one per request (each is a
+        Ray metric call on the engine thread; ~150 a drafted step at batch 32 before)."""
         m = self.metrics
         for source, n in (s.num_proposals or {}).items():
             if n:
                 m.inc("dspark_draft_source_proposals_total", n, source=source)
         if not s.sources:
             return
+        chosen: dict[str, int] = {}
+        verified: dict[str, int] = {}
+        accepted_by: dict[str, int] = {}
+        per_pos: dict[tuple[str, int], int] = {}
         for source, length, accepted in zip(s.sources, s.lengths, s.num_accepted):
             if not source:
                 continue
-            m.inc("dspark_draft_source_chosen_total", 1, source=source)
-            if length:
-                m.inc("dspark_draft_source_verified_tokens_total", length, source=source)
-            if accepted:
-                m.inc("dspark_draft_source_accepted_tokens_total", accepted, source=source)
+            chosen[source] = chosen.get(source, 0) + 1
+            verified[source] = verified.get(source, 0) + length
+            accepted_by[source] = accepted_by.get(source, 0) + accepted
             for p in range(accepted):
-                m.inc("dspark_draft_source_accepted_per_pos_total", 1, source=source, position=str(p))
+                per_pos[source, p] = per_pos.get((source, p), 0) + 1
+        for source, n in chosen.items():
+            m.inc("dspark_draft_source_chosen_total", n, source=source)
+            m.inc("dspark_draft_source_verified_tokens_total", verified[source], source=source)  # 0: no call
+            m.inc("dspark_draft_source_accepted_tokens_total", accepted_by[source], source=source)
+        for (source, p), n in per_pos.items():
+            m.inc("dspark_draft_source_accepted_per_pos_total", n, source=source, position=str(p))
 
     def _observe_step(self, s: StepStats) -> None:
         m = self.metrics
