@@ -835,32 +835,56 @@ void rms_norm_f32(int64_t T, const float *x, const float *w, float *out, int64_t
  * A row's result does not depend on the other rows. Rows go from a shared counter where the work is large
  * enough for a parallel region (a prompt's rows); below that one thread does them all: a region costs more
  * than a few dozen rows take, and its end waits for a thread another process preempted. */
-#define ROWS_SERIAL_WORK 65536 /* elements: below this, no parallel region */
+#define ROWS_SERIAL_WORK 4096 /* elements: below this, no parallel region */
+
+#ifdef __AVX512BF16__
+static inline __m512 widen16(const uint16_t *p) { /* 16 bf16 -> fp32, exactly */
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+static inline __m256i round16(__m512 v) { return (__m256i)_mm512_cvtneps_pbh(v); } /* fp32 -> bf16, to nearest even */
+static inline __m512 widen_rounded16(__m256i h) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#endif
 
 static void rms_norm_row_bf16(uint16_t *restrict sum, const uint16_t *restrict x, const uint16_t *restrict r,
                               const uint16_t *restrict w, uint16_t *restrict out, int64_t d, float eps,
                               float *restrict buf) {
   float ss = 0.f;
-  if (r) {
-#pragma omp simd reduction(+ : ss)
-    for (int64_t i = 0; i < d; i++) {
-      uint16_t h = f32_to_bf16(bf16_to_f32(x[i]) + bf16_to_f32(r[i]));
-      float v = bf16_to_f32(h);
+  int64_t i = 0;
+#ifdef __AVX512BF16__
+  __m512 acc = _mm512_setzero_ps();
+  for (; i + 16 <= d; i += 16) {
+    __m512 v = widen16(x + i);
+    if (r) {
+      __m256i h = round16(_mm512_add_ps(v, widen16(r + i)));
+      _mm256_storeu_si256((__m256i *)(sum + i), h);
+      v = widen_rounded16(h);
+    }
+    _mm512_storeu_ps(buf + i, v);
+    acc = _mm512_fmadd_ps(v, v, acc);
+  }
+  ss = _mm512_reduce_add_ps(acc);
+#endif
+  for (; i < d; i++) {
+    float v = bf16_to_f32(x[i]);
+    if (r) {
+      uint16_t h = f32_to_bf16(v + bf16_to_f32(r[i]));
       sum[i] = h;
-      buf[i] = v;
-      ss += v * v;
+      v = bf16_to_f32(h);
     }
-  } else {
-#pragma omp simd reduction(+ : ss)
-    for (int64_t i = 0; i < d; i++) {
-      float v = bf16_to_f32(x[i]);
-      buf[i] = v;
-      ss += v * v;
-    }
+    buf[i] = v;
+    ss += v * v;
   }
   float inv = 1.0f / sqrtf(ss / (float)d + eps);
-#pragma omp simd
-  for (int64_t i = 0; i < d; i++) out[i] = f32_to_bf16(buf[i] * inv * bf16_to_f32(w[i]));
+  i = 0;
+#ifdef __AVX512BF16__
+  __m512 vinv = _mm512_set1_ps(inv);
+  for (; i + 16 <= d; i += 16)
+    _mm256_storeu_si256((__m256i *)(out + i),
+                        round16(_mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(buf + i), vinv), widen16(w + i))));
+#endif
+  for (; i < d; i++) out[i] = f32_to_bf16(buf[i] * inv * bf16_to_f32(w[i]));
 }
 
 static void rms_norm_rows_bf16(int64_t T, uint16_t *sum, const uint16_t *x, const uint16_t *r, const uint16_t *w,
@@ -885,20 +909,21 @@ void rms_norm_bf16(int64_t T, const uint16_t *x, const uint16_t *r, uint16_t *su
 
 static void silu_mul_rows_bf16(int64_t T, const uint16_t *gate_up, uint16_t *out, int64_t inter,
                                atomic_llong *next) {
-  float *buf = malloc(sizeof(float) * (size_t)(2 * inter + 16));
-  float *g = buf, *a = buf + inter + 16;
   for (int64_t t = next ? atomic_fetch_add(next, 1) : 0; t < T; t = next ? atomic_fetch_add(next, 1) : t + 1) {
     const uint16_t *gr = gate_up + t * 2 * inter, *ur = gr + inter;
     uint16_t *o = out + t * inter;
-#pragma omp simd
-    for (int64_t i = 0; i < inter; i++) g[i] = bf16_to_f32(gr[i]);
     int64_t i = 0;
-    for (; i + 16 <= inter; i += 16) *(vf16 *)(a + i) = silu16(load16(g + i));
-    for (; i < inter; i++) a[i] = g[i] / (1.0f + expf(-g[i]));
-#pragma omp simd
-    for (int64_t j = 0; j < inter; j++) o[j] = f32_to_bf16(bf16_to_f32(f32_to_bf16(a[j])) * bf16_to_f32(ur[j]));
+#ifdef __AVX512BF16__
+    for (; i + 16 <= inter; i += 16) {
+      __m512 a = widen_rounded16(round16((__m512)silu16((vf16)widen16(gr + i))));
+      _mm256_storeu_si256((__m256i *)(o + i), round16(_mm512_mul_ps(a, widen16(ur + i))));
+    }
+#endif
+    for (; i < inter; i++) {
+      float g = bf16_to_f32(gr[i]);
+      o[i] = f32_to_bf16(bf16_to_f32(f32_to_bf16(g / (1.0f + expf(-g)))) * bf16_to_f32(ur[i]));
+    }
   }
-  free(buf);
 }
 
 /* out (T, inter) = SiLU(gate) * up of bf16 rows gate_up (T, 2 inter) laid out gate | up. */
