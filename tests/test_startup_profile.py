@@ -25,3 +25,20 @@ def test_startup_profile_times_an_odd_number_of_rounds_and_names_the_machine(tin
     assert profiles.STARTUP_REPEATS % 2 == 1
     assert table.meta["measured_at_startup_s"] < 60 and table.meta["dtype"] == "float32"
     assert table.monotone().step_time_ms == sorted(table.monotone().step_time_ms)
+
+
+def test_a_profile_measured_here_is_kept_per_kernel_build_and_found_again(tiny_target, tmp_path,
+                                                                           monkeypatch) -> None:
+    """An unknown machine measures its profile once, into the folder of the native kernels' build: the next
+    engine finds it there; a rebuilt kernel (another build) does not, and measures its own curve."""
+    from dspark.kernels import native
+
+    monkeypatch.setenv("DSPARK_CACHE", str(tmp_path))
+    monkeypatch.setenv("DSPARK_PROFILES_DIR", str(tmp_path / "nothing-shipped"))
+    table, path = profiles.profile_for(tiny_target)
+    assert path.parent == profiles.measured_dir() and path.parent.name == (native.build_id() or "pytorch")
+    again, same = profiles.profile_for(tiny_target)
+    assert same == path and again.step_time_ms == table.step_time_ms
+    identity = profiles.machine_identity(tiny_target.name, tiny_target.device, tiny_target.dtype)
+    monkeypatch.setattr(native, "build_id", lambda: "another-build")
+    assert profiles.find_profile(identity) is None

@@ -6,8 +6,9 @@ and the prefix scheduler's choices follow that curve. So each profile records wh
 (`meta.hardware`: model name and ISA flags, `meta.model`, `meta.dtype`, `meta.device`, on a CPU
 `meta.num_threads`: a 1-thread replica's curve has another shape than a 2-thread one), the engine looks for
 a match among the shipped profiles (`configs/profiles/`) and the ones it measured before
-(``~/.cache/dspark/profiles/``), and measures one now (a short grid, seconds; once per machine, cached)
-when none matches. `dspark prepare` does that before the cluster starts.
+(``~/.cache/dspark/profiles/<native kernel build>/``: a profile measured with other kernels describes another
+curve, so a rebuilt kernel is measured again, as the GEMM plan is), and measures one now (a short grid,
+seconds; once per machine and build, cached) when none matches. `dspark prepare` does that before the cluster starts.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dspark.kernels import cache_once
+from dspark.kernels import cache_once, native
 from dspark.kernels.cache_once import cache_dir
 from dspark.kernels.machine import cpu_signature
 from dspark.models.target.layer import SeqChunk
@@ -47,9 +48,15 @@ def shipped_dir() -> Path:
     return Path(os.environ.get("DSPARK_PROFILES_DIR", SHIPPED_DIR))
 
 
+def measured_dir() -> Path:
+    """Where this machine's own profiles go: one folder per build of the native kernels (the shipped ones are
+    measured again by hand, `dspark profile`, when the kernels change)."""
+    return cache_dir() / "profiles" / (native.build_id() or "pytorch")
+
+
 def profile_dirs() -> list[Path]:
     """Where profiles are looked up: the shipped ones first, then the ones measured on this machine."""
-    return [shipped_dir(), cache_dir() / "profiles"]
+    return [shipped_dir(), measured_dir()]
 
 
 def machine_identity(target_name: str, device: torch.device | str, dtype: torch.dtype,
@@ -114,7 +121,7 @@ def profile_for(target: TargetModel, dirs: list[Path] | None = None) -> tuple[SP
     identity = machine_identity(target.name, target.device, target.dtype)
     path = find_profile(identity, dirs)
     if path is None:
-        out = cache_dir() / "profiles" / f"{slug(identity)}.json"
+        out = measured_dir() / f"{slug(identity)}.json"
         with cache_once.locked(f"profile-{slug(identity)}"):
             path = find_profile(identity, dirs)
             if path is None:
