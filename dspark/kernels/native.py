@@ -108,10 +108,6 @@ def library() -> ctypes.CDLL | None:
     lib.silu_mul_f32.restype = None
     lib.rms_norm_f32.argtypes = [i64, ptr, ptr, ptr, i64, ctypes.c_float, i64]
     lib.rms_norm_f32.restype = None
-    lib.rms_norm_bf16.argtypes = [i64, ptr, ptr, ptr, ptr, ptr, i64, ctypes.c_float, i64]
-    lib.rms_norm_bf16.restype = None
-    lib.silu_mul_bf16.argtypes = [i64, ptr, ptr, i64, i64]
-    lib.silu_mul_bf16.restype = None
     lib.amx_ready.argtypes = []
     lib.amx_ready.restype = i64
     lib.amx_pack_bf16.argtypes = [ptr, ptr, i64, i64]
@@ -235,32 +231,14 @@ def rotary_cache_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, 
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm of fp32 or bf16 rows (T, d) with a weight of their dtype, as F.rms_norm(x, (d,), weight, eps)
-    (bf16: computed in fp32, rounded once)."""
+    """RMSNorm of fp32 rows (T, d), as F.rms_norm(x, (d,), weight, eps)."""
     lib = _required()
     x = x.contiguous()
     out = torch.empty_like(x)
     with traced("native::rms_norm"):
-        if x.dtype == torch.bfloat16:
-            lib.rms_norm_bf16(x.shape[0], x.data_ptr(), None, None, weight.data_ptr(), out.data_ptr(), x.shape[1],
-                              eps, torch.get_num_threads())
-        else:
-            lib.rms_norm_f32(x.shape[0], x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[1], eps,
-                             torch.get_num_threads())
+        lib.rms_norm_f32(x.shape[0], x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[1], eps,
+                         torch.get_num_threads())
     return out
-
-
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + residual, RMSNorm(x + residual)) of bf16 rows (T, d) in one pass, as `x + residual` and F.rms_norm
-    on that sum round them. Both results are new tensors (x may be a hidden state kept for the drafter)."""
-    lib = _required()
-    x, residual = x.contiguous(), residual.contiguous()
-    total, out = torch.empty_like(x), torch.empty_like(x)
-    with traced("native::add_rms_norm"):
-        lib.rms_norm_bf16(x.shape[0], x.data_ptr(), residual.data_ptr(), total.data_ptr(), weight.data_ptr(),
-                          out.data_ptr(), x.shape[1], eps, torch.get_num_threads())
-    return total, out
 
 
 def row_major(x: torch.Tensor) -> torch.Tensor:
@@ -279,15 +257,14 @@ def row_major(x: torch.Tensor) -> torch.Tensor:
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """SiLU(gate) * up of fp32 or bf16 rows (T, 2 inter) laid out gate | up: (T, inter), one pass (PyTorch takes
-    three: the chunk, the SiLU and the product; bf16 rounds as those three do)."""
+    """SiLU(gate) * up of fp32 rows (T, 2 inter) laid out gate | up: (T, inter), one pass (PyTorch takes
+    three: the chunk, the SiLU and the product)."""
     lib = _required()
     gate_up = gate_up.contiguous()
     inter = gate_up.shape[1] // 2
-    out = torch.empty(gate_up.shape[0], inter, dtype=gate_up.dtype)
-    kernel = lib.silu_mul_bf16 if gate_up.dtype == torch.bfloat16 else lib.silu_mul_f32
+    out = torch.empty(gate_up.shape[0], inter, dtype=torch.float32)
     with traced("native::silu_mul"):
-        kernel(gate_up.shape[0], gate_up.data_ptr(), out.data_ptr(), inter, torch.get_num_threads())
+        lib.silu_mul_f32(gate_up.shape[0], gate_up.data_ptr(), out.data_ptr(), inter, torch.get_num_threads())
     return out
 
 
