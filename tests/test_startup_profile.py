@@ -3,6 +3,7 @@ median drops a burst of noise), slow ones stop after the minimum; the result is 
 
 from __future__ import annotations
 
+from dspark.kernels import native
 from dspark.models.target import profiles
 from dspark.models.target.profiles import measure_startup_profile, profile_target
 
@@ -31,8 +32,6 @@ def test_a_profile_measured_here_is_kept_per_kernel_build_and_found_again(tiny_t
                                                                            monkeypatch) -> None:
     """An unknown machine measures its profile once, into the folder of the native kernels' build: the next
     engine finds it there; a rebuilt kernel (another build) does not, and measures its own curve."""
-    from dspark.kernels import native
-
     monkeypatch.setenv("DSPARK_CACHE", str(tmp_path))
     monkeypatch.setenv("DSPARK_PROFILES_DIR", str(tmp_path / "nothing-shipped"))
     table, path = profiles.profile_for(tiny_target)

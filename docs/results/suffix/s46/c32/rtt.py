@@ -1,4 +1,7 @@
-"""Round trip of a 32-request hybrid draft round over the gloo pair, both processes otherwise idle."""
+"""Round trip of a 32-request hybrid draft round between a verify-side and a draft-side process (the draft side a
+real DraftService with the shipped hybrid), both otherwise idle. From the repo root:
+RTT_KIND=gloo|socket RTT_NOISE=<bursty neighbour processes> RTT_HOG_MS=<GIL held after each send>
+RTT_SWITCH=<sys.setswitchinterval s> python docs/results/suffix/s46/c32/rtt.py"""
 
 import json
 import os
@@ -11,7 +14,7 @@ import torch.multiprocessing as mp
 
 from dspark.actors.transport import GlooChannel, free_port
 
-sys.path.insert(0, "/tmp/s46")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # sockchan.py beside this script
 from sockchan import SocketChannel
 
 KIND = os.environ.get("RTT_KIND", "gloo")
@@ -54,8 +57,8 @@ def main():
     from dspark.models.target.loader import resolve_target_path
 
     tok = AutoTokenizer.from_pretrained(resolve_target_path("smollm2-135m-instruct"))
-    prompts = [json.loads(lv) for lv in open("/work/shared/data/eval/humaneval.jsonl")][:16] + [
-        json.loads(lv) for lv in open("/work/shared/data/eval/gsm8k.jsonl")
+    prompts = [json.loads(lv) for lv in open("../shared/data/eval/humaneval.jsonl")][:16] + [
+        json.loads(lv) for lv in open("../shared/data/eval/gsm8k.jsonl")
     ][:16]
     ids = [tok(str(p.get("prompt") or p.get("question") or p.get("turns")))["input_ids"][:300] for p in prompts]
     p = mp.get_context("spawn").Process(target=draft_side)

@@ -1,4 +1,5 @@
-"""Session 46: greedy target-only outputs of 18 eval prompts (run at two commits, then compared)."""
+"""Session 46: greedy target-only outputs of 18 eval prompts, as JSON to argv[1]; run from the repo root at two
+commits (fa87e80 and its parent), then compared token by token."""
 
 import json
 import sys
@@ -15,7 +16,7 @@ torch.set_num_threads(2)
 tok = AutoTokenizer.from_pretrained(resolve_target_path("smollm2-135m-instruct"))
 prompts = []
 for name in ("gsm8k", "humaneval", "mt-bench"):
-    rows = [json.loads(lv) for lv in open(f"/work/shared/data/eval/{name}.jsonl")][:6]
+    rows = [json.loads(lv) for lv in open(f"../shared/data/eval/{name}.jsonl")][:6]
     for r in rows:
         text = r.get("question") or r.get("prompt") or (r.get("turns") or [""])[0]
         prompts.append(
