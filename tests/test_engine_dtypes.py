@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dspark.config.engine import EngineConfig
-from dspark.kernels.gemm_plan import ROW_BUCKETS, PlannedLinear, measure_plan
+from dspark.kernels.gemm_plan import ROW_BUCKETS, PlannedLinear, measure_plan, reference_kernel
 from dspark.models.target.loader import load_target
 from dspark.verify_service.engine import Engine
 from dspark.verify_service.request import Request, SamplingParams
@@ -40,16 +40,20 @@ def test_bf16_greedy_speculation_equals_bf16_target_only_decoding(tiny_bf16, sch
 
 
 def test_a_row_invariant_bf16_plan_gives_every_row_what_it_gets_alone():
+    """Whatever kernel a row bucket takes, each row gets bit for bit the one-row reference of this CPU: F.linear,
+    or the AVX512-BF16 kernel on a CPU that has it and no AMX (`reference_kernel`)."""
     gen = torch.Generator().manual_seed(0)
     # shapes large enough that a kernel summing in another order shows it in many outputs
     layer = PlannedLinear(torch.randn(1536, 256, generator=gen).bfloat16())
     head = PlannedLinear(torch.randn(4096, 256, generator=gen).bfloat16())
     plan = measure_plan([layer] * 4, head, num_repeats=1, row_invariant=True)
+    reference = reference_kernel([layer])
+    assert reference == ("dpbf16" if layer.takes_dpbf16 and not layer.takes_amx else "linear")
     for rows in ROW_BUCKETS:
         for lin, is_head in ((layer, False), (head, True)):
             x = torch.randn(rows, 256, generator=gen).bfloat16()
             out = lin(x, plan.kernel(rows, is_head))
-            alone = torch.cat([torch.nn.functional.linear(x[i:i + 1], lin.weight) for i in range(rows)])
+            alone = torch.cat([lin(x[i:i + 1], reference) for i in range(rows)])
             assert torch.equal(out, alone), (rows, plan.kernel(rows, is_head))
     assert set(plan.meta["row_variant"]["layers"]) == set(ROW_BUCKETS)  # every bucket was checked
 

@@ -46,6 +46,27 @@ def test_amx_gemm_gives_each_bf16_row_what_it_gets_alone_and_what_f_linear_gives
     assert torch.equal(got, alone)
 
 
+@pytest.mark.skipif(not native.supports_dpbf16(torch.zeros(32, 32, dtype=torch.bfloat16)),
+                    reason="this CPU (or build) has no AVX512-BF16")
+@pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 13, 32, 70])
+def test_avx512_bf16_gemm_gives_each_row_what_it_gets_alone_and_what_fp32_gives_rounded_to_bf16(rows: int) -> None:
+    """The AVX512-BF16 kernel (the bf16 GEMM of CPUs without AMX) on a verify step's row counts: each row bit for
+    bit what it gets alone (tiles of 6 rows, partial ones included), whatever rows share its step, and each output
+    within bf16 rounding of the product in fp32 of the same bf16 inputs."""
+    gen = torch.Generator().manual_seed(rows)
+    w = torch.randn(96, 160, generator=gen).to(torch.bfloat16)
+    x = torch.randn(rows, 160, generator=gen).to(torch.bfloat16)
+    packed = native.amx_pack(w)  # the AMX tile layout, read pair by pair
+    got = native.dpbf16_linear(x, packed, 96)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, 96)
+    exact = F.linear(x.float(), w.float())
+    assert ((got.float() - exact).abs() <= 2 ** -7 * exact.abs() + 1e-3).all()  # one bf16 rounding (8-bit mantissa)
+    alone = torch.cat([native.dpbf16_linear(x[i:i + 1], packed, 96) for i in range(rows)])
+    assert torch.equal(got, alone)
+    if rows > 2:
+        assert torch.equal(native.dpbf16_linear(x[1:-1], packed, 96), got[1:-1])
+
+
 def test_amx_is_offered_only_for_bf16_weights_it_can_tile() -> None:
     from dspark.kernels.gemm_plan import PlannedLinear
 
@@ -54,6 +75,9 @@ def test_amx_is_offered_only_for_bf16_weights_it_can_tile() -> None:
     lin = PlannedLinear(torch.randn(40, 24))  # where it cannot, "amx" is F.linear (as "packed" without oneDNN)
     x = torch.randn(3, 24)
     torch.testing.assert_close(lin(x, "amx"), F.linear(x, lin.weight))
+    assert not native.supports_dpbf16(torch.zeros(64, 64))  # the AVX512-BF16 kernel likewise
+    assert not native.supports_dpbf16(torch.zeros(40, 64, dtype=torch.bfloat16))
+    torch.testing.assert_close(lin(x, "dpbf16"), F.linear(x, lin.weight))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -87,14 +87,18 @@ def test_every_gemm_kernel_computes_the_same_linear_at_every_row_count() -> None
 def test_blocked_kernels_give_each_bf16_row_what_it_gets_alone() -> None:
     """The bf16 fallback: a kernel row-invariant at b rows, run on blocks of b rows (the last one padded),
     gives every row of any count bit for bit what it gets alone, where the plan found it invariant."""
-    from dspark.kernels.gemm_plan import PlannedLinear, _is_row_invariant, blocked
+    from dspark.kernels.gemm_plan import PlannedLinear, _is_row_invariant, blocked, reference_kernel
 
     gen = torch.Generator().manual_seed(1)
     lin = PlannedLinear(torch.randn(256, 192, generator=gen).to(torch.bfloat16))
     lin.pack()
-    for kernel, b in (("linear", 1), ("linear", 4), ("packed", 8)):
+    reference = reference_kernel([lin])
+    probe = torch.randn(64, 192, generator=gen).to(torch.bfloat16)
+    for kernel, b in (("linear", 1), ("linear", 4), ("packed", 8), ("dpbf16", 1), ("dpbf16", 6)):
         if not _is_row_invariant([lin], b, kernel):
             continue  # not invariant here at b rows: the plan would not block with it either
+        if not all(torch.equal(lin(probe[i:i + 1], kernel), lin(probe[i:i + 1], reference)) for i in range(64)):
+            continue  # another kernel than this CPU's reference that matched it on the plan's few rows by chance
         for rows in (3, 8, 9, 37, 256):
             assert _is_row_invariant([lin], rows, blocked(kernel, b)), (kernel, b, rows)
 

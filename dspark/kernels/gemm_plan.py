@@ -33,7 +33,7 @@ from dspark.kernels.machine import cpu_signature
 
 log = logging.getLogger(__name__)
 
-KERNELS = ("linear", "wx", "packed", "mv", "native", "amx")  # timed candidates; see `blocked` for the bf16 fallback
+KERNELS = ("linear", "wx", "packed", "mv", "native", "amx", "dpbf16")  # timed candidates; see `blocked` for the bf16 fallback
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # the native kernel is kept if within this factor of the fastest: at those row counts the runner's fused
 # path (native.py) also saves the ~2 ms of small PyTorch ops a step around the GEMMs, and a kernel used
@@ -102,6 +102,13 @@ class PlannedLinear:
 
         return native.supports_amx(self.weight)
 
+    @functools.cached_property
+    def takes_dpbf16(self) -> bool:
+        """Whether the AVX512-BF16 kernel takes this weight (elsewhere "dpbf16" falls back to F.linear)."""
+        from dspark.kernels import native
+
+        return native.supports_dpbf16(self.weight)
+
     def amx_weight(self) -> torch.Tensor:
         """The weight in the AMX kernel's tile layout (packed on first use)."""
         if self.amx_packed is None:
@@ -137,6 +144,10 @@ class PlannedLinear:
             from dspark.kernels import native
 
             out = native.amx_linear(x, self.amx_weight(), self.weight.shape[0], self.name)
+        elif kernel == "dpbf16" and self.takes_dpbf16 and x.dtype == torch.bfloat16:
+            from dspark.kernels import native
+
+            out = native.dpbf16_linear(x, self.amx_weight(), self.weight.shape[0], self.name)
         elif kernel == "mv" and x.shape[0] == 1:
             out = torch.mv(self.weight, x[0])[None]
         elif kernel == "wx":
@@ -228,8 +239,22 @@ def _time_kernel(linears: list[PlannedLinear], rows: int, kernel: str, num_repea
     return median_ms(run, num_repeats)
 
 
+def reference_kernel(linears: list[PlannedLinear]) -> str:
+    """The one-row product every row bucket's kernel must reproduce bit for bit in bf16: F.linear ("linear"), or,
+    where the AVX512-BF16 kernel takes the weights and the AMX one does not, that kernel on one row. Any one fixed
+    reference keeps a token's values independent of how many rows its step carries, which is what verification
+    needs. On such a CPU F.linear's one-row bf16 order (oneDNN's) differs from a tile kernel's in a few outputs
+    per 10^5 (Zen 4 EPYC, SmolLM2's head: 10 of 393,216), so against it the kernel that is 2-3x faster at every
+    row count (`dpbf16`, native_kernels.c) would be rejected everywhere. On an AMX CPU the AMX kernel reproduces
+    F.linear, which stays the reference there."""
+    if all(lin.takes_dpbf16 for lin in linears) and not all(lin.takes_amx for lin in linears):
+        return "dpbf16"
+    return "linear"
+
+
 def _is_row_invariant(linears: list[PlannedLinear], rows: int, kernel: str) -> bool:
-    """Does `kernel` at `rows` rows give every row bit for bit what F.linear gives that row alone?
+    """Does `kernel` at `rows` rows give every row bit for bit what the reference (`reference_kernel`: F.linear
+    on most CPUs) gives that row alone?
 
     Needed in bf16, where each GEMM output is rounded to 8 bits of mantissa: a kernel whose reduction
     order changes with the row count (oneDNN's bf16 path past ~32 rows does) would make a token's
@@ -254,10 +279,11 @@ def _row_references(linears: list[PlannedLinear], rows: int) -> list[tuple[Plann
     if refs is None or refs[0][0] is not linears[0]:
         gen = torch.Generator().manual_seed(rows)
         refs = []
+        reference = reference_kernel(linears)
         for lin in linears[:4] + linears[-1:]:
             for _ in range(2):
                 x = torch.randn(rows, lin.weight.shape[1], generator=gen).to(lin.weight.dtype)
-                refs.append((lin, x, torch.cat([F.linear(x[i:i + 1], lin.weight, lin.bias) for i in range(rows)])))
+                refs.append((lin, x, torch.cat([lin(x[i:i + 1], reference) for i in range(rows)])))
         _REFERENCES.clear()  # one set's at a time: measure_plan asks for a set's row counts in turn
         _REFERENCES[key] = refs
     return refs
@@ -265,11 +291,11 @@ def _row_references(linears: list[PlannedLinear], rows: int) -> list[tuple[Plann
 
 def available_kernels(can_pack: bool, weight: torch.Tensor) -> list[str]:
     """The candidates for weights like `weight` (native: fp32 on a CPU with a C compiler; amx: bf16 on a CPU with
-    AMX-BF16)."""
+    AMX-BF16; dpbf16: bf16 on a CPU with AVX512-BF16)."""
     from dspark.kernels import native
 
     return [k for k in KERNELS if (k != "packed" or can_pack) and (k != "native" or native.supports(weight))
-            and (k != "amx" or native.supports_amx(weight))]
+            and (k != "amx" or native.supports_amx(weight)) and (k != "dpbf16" or native.supports_dpbf16(weight))]
 
 
 def _drop_unused_copies(plan: GemmPlan, linears: list[PlannedLinear]) -> None:
@@ -280,7 +306,7 @@ def _drop_unused_copies(plan: GemmPlan, linears: list[PlannedLinear]) -> None:
             lin.packed = None
         if "native" not in used:
             lin.native_packed = None
-        if "amx" not in used:
+        if not {"amx", "dpbf16"} & used:  # they share the packed layout
             lin.amx_packed = None
 
 
@@ -300,8 +326,10 @@ def measure_plan(layers: list[PlannedLinear], head: PlannedLinear, num_repeats: 
     with torch.inference_mode():
         for group, linears in (("layers", layers), ("head", [head])):
             takes_amx = "amx" in candidates and all(lin.takes_amx for lin in linears)
+            takes_dpbf16 = "dpbf16" in candidates and all(lin.takes_dpbf16 for lin in linears)
             for rows in ROW_BUCKETS:
-                kernels = [k for k in candidates if (k != "mv" or rows == 1) and (k != "amx" or takes_amx)]
+                kernels = [k for k in candidates if (k != "mv" or rows == 1) and (k != "amx" or takes_amx)
+                           and (k != "dpbf16" or takes_dpbf16)]
                 if is_low_precision:
                     variant = [k for k in kernels if not _is_row_invariant(linears, rows, k)]
                     rejected[group][rows] = variant
@@ -311,7 +339,7 @@ def measure_plan(layers: list[PlannedLinear], head: PlannedLinear, num_repeats: 
                         kernels = [blocked(choice[group][b], b) for b in ROW_BUCKETS if b < rows
                                    and "/" not in choice[group][b]
                                    and _is_row_invariant(linears, rows, blocked(choice[group][b], b))]
-                        kernels = kernels or [blocked("linear", 1)]  # one row at a time: the reference
+                        kernels = kernels or [blocked(reference_kernel(linears), 1)]  # one row at a time
                 times = {k: _time_kernel(linears, rows, k, num_repeats, is_head=group == "head") for k in kernels}
                 timings[group][rows] = {k: round(v, 3) for k, v in times.items()}
                 best = min(times, key=times.__getitem__)
@@ -331,8 +359,9 @@ def plan_key(layers: list[PlannedLinear], head: PlannedLinear, row_invariant: bo
              "dtype": str(head.weight.dtype), "shapes": shapes, "num_layers": len(layers),
              "row_invariant": row_invariant, "kernels": available_kernels(True, head.weight),
              "fallback": "blocked",  # plans of the one-row-at-a-time fallback are measured again
-             "head_consumer": "row-major, row max"}  # and those that timed the head without its consumer
-    if {"native", "amx"} & set(ident["kernels"]):
+             "head_consumer": "row-major, row max",  # and those that timed the head without its consumer
+             "reference": reference_kernel(layers + [head])}  # what row invariance is checked against
+    if {"native", "amx", "dpbf16"} & set(ident["kernels"]):
         from dspark.kernels import native
 
         ident["native_build"] = native.build_id()  # a rebuilt kernel is measured again

@@ -114,6 +114,10 @@ def library() -> ctypes.CDLL | None:
     lib.amx_pack_bf16.restype = None
     lib.gemm_amx_bf16.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64]
     lib.gemm_amx_bf16.restype = None
+    lib.dpbf16_ready.argtypes = []
+    lib.dpbf16_ready.restype = i64
+    lib.gemm_dpbf16.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64]
+    lib.gemm_dpbf16.restype = None
     for name in ("transpose_2byte", "transpose_4byte"):
         getattr(lib, name).argtypes = [ptr, ptr, i64, i64, i64, i64]
         getattr(lib, name).restype = None
@@ -175,6 +179,20 @@ def supports_amx(weight: torch.Tensor) -> bool:
     lib = library()
     return (lib is not None and weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and weight.dim() == 2
             and weight.shape[0] % 32 == 0 and weight.shape[1] % 32 == 0 and bool(lib.amx_ready()))
+
+
+def supports_dpbf16(weight: torch.Tensor) -> bool:
+    """Whether the AVX512-BF16 GEMM (VDPBF16PS, for CPUs without AMX such as Zen 4) takes this weight: a bf16 CPU
+    weight (out, in), both multiples of 32, on a build with AVX512-BF16 (`-march=native` on such a CPU)."""
+    lib = library()
+    return (lib is not None and weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and weight.dim() == 2
+            and weight.shape[0] % 32 == 0 and weight.shape[1] % 32 == 0 and bool(lib.dpbf16_ready()))
+
+
+def dpbf16_linear(x: torch.Tensor, packed: torch.Tensor, size_out: int, name: str = "gemm") -> torch.Tensor:
+    """x (T, in) bf16 @ weightᵀ -> (T, size_out) bf16 on AVX512-BF16, with `packed` = amx_pack(weight) (the same
+    layout)."""
+    return _gemm(_required().gemm_dpbf16, x, packed, size_out, torch.bfloat16, name)
 
 
 def amx_pack(weight: torch.Tensor) -> torch.Tensor:

@@ -166,17 +166,6 @@ typedef struct {
   uint8_t rows[16];
 } amx_tile_config;
 
-void amx_pack_bf16(const uint16_t *w, uint16_t *p, int64_t N, int64_t K) {
-  int64_t kbs = K / 32;
-  for (int64_t nb = 0; nb < N / 16; nb++)
-    for (int64_t kb = 0; kb < kbs; kb++) {
-      uint16_t *t = p + (nb * kbs + kb) * 512;
-      for (int64_t kk = 0; kk < 16; kk++)
-        for (int64_t n = 0; n < 16; n++)
-          for (int64_t e = 0; e < 2; e++) t[(kk * 16 + n) * 2 + e] = w[(nb * 16 + n) * K + kb * 32 + 2 * kk + e];
-    }
-}
-
 static inline void amx_store_rows(const float *c, uint16_t *y, int64_t ldy, int64_t rows) {
   for (int64_t r = 0; r < rows; r++)
     _mm256_storeu_si256((__m256i *)(y + r * ldy), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(c + 16 * r)));
@@ -257,8 +246,88 @@ void gemm_amx_bf16(const uint16_t *x, const uint16_t *p, uint16_t *y, int64_t M,
 }
 #else
 int64_t amx_ready(void) { return 0; }
-void amx_pack_bf16(const uint16_t *w, uint16_t *p, int64_t N, int64_t K) { (void)w, (void)p, (void)N, (void)K; }
 void gemm_amx_bf16(const uint16_t *x, const uint16_t *p, uint16_t *y, int64_t M, int64_t K, int64_t N, int64_t nt) {
+  (void)x, (void)p, (void)y, (void)M, (void)K, (void)N, (void)nt;
+}
+#endif
+
+/* The bf16 weight (N, K) in blocks of 16 output columns (N % 16 == 0, K % 32 == 0): block nb holds, for each pair j
+ * of input columns, the 16 columns' two weights side by side (32 values), pairs in order. The AMX B tile layout
+ * (one tile: 16 pairs, so block nb's tile kb starts at (nb * K / 32 + kb) * 512) and, pair by pair, the operand of
+ * AVX512-BF16's VDPBF16PS (16 lanes, each two products). */
+void amx_pack_bf16(const uint16_t *w, uint16_t *p, int64_t N, int64_t K) {
+  int64_t kbs = K / 32;
+  for (int64_t nb = 0; nb < N / 16; nb++)
+    for (int64_t kb = 0; kb < kbs; kb++) {
+      uint16_t *t = p + (nb * kbs + kb) * 512;
+      for (int64_t kk = 0; kk < 16; kk++)
+        for (int64_t n = 0; n < 16; n++)
+          for (int64_t e = 0; e < 2; e++) t[(kk * 16 + n) * 2 + e] = w[(nb * 16 + n) * K + kb * 32 + 2 * kk + e];
+    }
+}
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+/* bf16 GEMM on AVX512-BF16 dot products, for CPUs without AMX (Zen 4 / Zen 5): y (M, N) = x (M, K) @ Wᵀ with W packed
+ * by amx_pack_bf16; N % 32 == 0, K % 32 == 0 (native.py: supports_dpbf16). A tile is up to DP_R rows by 32 columns
+ * (two packed blocks); each output element sums its input pairs in a fixed order whatever the tile's row count
+ * (even pairs and odd pairs in two accumulators, added at the end: four dependency chains per row hide the
+ * instruction's latency at one row), so a row's result does not depend on the batch it is in (row-invariant, as
+ * verification needs). Work is handed out in runs of column pairs from a shared counter, as in gemm_amx_bf16. */
+int64_t dpbf16_ready(void) { return 1; }
+
+#define DP_R 6
+typedef int32_t dp_i32 __attribute__((may_alias));
+
+static inline __attribute__((always_inline)) void dp_tile(const uint16_t *x, int64_t K, const uint16_t *b0,
+                                                          const uint16_t *b1, uint16_t *y, int64_t ldy, const int R) {
+  __m512 c0[DP_R][2], c1[DP_R][2]; /* [row][even, odd pairs], column block 0 and 1 */
+  for (int r = 0; r < R; r++) c0[r][0] = c0[r][1] = c1[r][0] = c1[r][1] = _mm512_setzero_ps();
+  const int64_t P = K / 2;
+  for (int64_t j = 0; j < P; j += 2) {
+    __m512bh w0 = (__m512bh)_mm512_loadu_si512(b0 + 32 * j), w1 = (__m512bh)_mm512_loadu_si512(b1 + 32 * j);
+    __m512bh v0 = (__m512bh)_mm512_loadu_si512(b0 + 32 * j + 32), v1 = (__m512bh)_mm512_loadu_si512(b1 + 32 * j + 32);
+    for (int r = 0; r < R; r++) {
+      const dp_i32 *xr = (const dp_i32 *)(x + r * K);
+      __m512bh e = (__m512bh)_mm512_set1_epi32(xr[j]), o = (__m512bh)_mm512_set1_epi32(xr[j + 1]);
+      c0[r][0] = _mm512_dpbf16_ps(c0[r][0], e, w0);
+      c1[r][0] = _mm512_dpbf16_ps(c1[r][0], e, w1);
+      c0[r][1] = _mm512_dpbf16_ps(c0[r][1], o, v0);
+      c1[r][1] = _mm512_dpbf16_ps(c1[r][1], o, v1);
+    }
+  }
+  for (int r = 0; r < R; r++) {
+    _mm256_storeu_si256((__m256i *)(y + r * ldy), (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(c0[r][0], c0[r][1])));
+    _mm256_storeu_si256((__m256i *)(y + r * ldy + 16), (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(c1[r][0], c1[r][1])));
+  }
+}
+
+void gemm_dpbf16(const uint16_t *x, const uint16_t *p, uint16_t *y, int64_t M, int64_t K, int64_t N, int64_t nt) {
+  int64_t kbs = K / 32, npairs = N / 32;
+  atomic_llong next = 0;
+#pragma omp parallel num_threads(nt)
+  {
+    int64_t nth = omp_get_num_threads(), chunk = (npairs + 16 * nth - 1) / (16 * nth);
+    for (int64_t lo = atomic_fetch_add(&next, chunk); lo < npairs; lo = atomic_fetch_add(&next, chunk))
+      for (int64_t np = lo; np < lo + chunk && np < npairs; np++) {
+        const uint16_t *b0 = p + 2 * np * kbs * 512, *b1 = b0 + kbs * 512;
+        for (int64_t m = 0; m < M; m += DP_R) {
+          const uint16_t *xm = x + m * K;
+          uint16_t *ym = y + m * N + np * 32;
+          switch (M - m < DP_R ? M - m : DP_R) {
+            case 1: dp_tile(xm, K, b0, b1, ym, N, 1); break;
+            case 2: dp_tile(xm, K, b0, b1, ym, N, 2); break;
+            case 3: dp_tile(xm, K, b0, b1, ym, N, 3); break;
+            case 4: dp_tile(xm, K, b0, b1, ym, N, 4); break;
+            case 5: dp_tile(xm, K, b0, b1, ym, N, 5); break;
+            default: dp_tile(xm, K, b0, b1, ym, N, DP_R); break;
+          }
+        }
+      }
+  }
+}
+#else
+int64_t dpbf16_ready(void) { return 0; }
+void gemm_dpbf16(const uint16_t *x, const uint16_t *p, uint16_t *y, int64_t M, int64_t K, int64_t N, int64_t nt) {
   (void)x, (void)p, (void)y, (void)M, (void)K, (void)N, (void)nt;
 }
 #endif
