@@ -33,7 +33,8 @@ from dspark.kernels.machine import cpu_signature
 
 log = logging.getLogger(__name__)
 
-KERNELS = ("linear", "wx", "packed", "mv", "native", "amx", "dpbf16")  # timed candidates; see `blocked` for the bf16 fallback
+# timed candidates; see `blocked` for the bf16 fallback
+KERNELS = ("linear", "wx", "packed", "mv", "native", "amx", "dpbf16")
 ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # the native kernel is kept if within this factor of the fastest: at those row counts the runner's fused
 # path (native.py) also saves the ~2 ms of small PyTorch ops a step around the GEMMs, and a kernel used
