@@ -182,8 +182,8 @@ def test_smollm2_bf16_greedy_speculation_equals_the_bf16_target_only_engine(smol
     """The verify dtype is fixed per deployment: in bf16, speculation changes nothing against bf16 target-only
     decoding (each request alone, one row per step), whatever verification lengths the steps carry."""
     if not is_row_invariant(smollm2_bf16.model):
-        # seen on a 2-core AMD EPYC (avx512_bf16, no AMX; issue 13's note): there speculation in bf16 would
-        # drift from bf16 target-only decoding, so the engine refuses it (auto verifies in fp32 there)
+        # seen on a 2-core AMD EPYC (avx512_bf16, no AMX; issue 13's note) before its native bf16 GEMM (session 47):
+        # speculation in bf16 would drift from bf16 target-only decoding, so the engine refuses it (auto: fp32)
         with pytest.raises(ValueError, match="not lossless on this CPU"):
             make_engine(smollm2_bf16, drafter, scheduler, max_num_seqs=6)
         return

@@ -5,7 +5,8 @@ decoding scores them one by one, and bf16 rounds every GEMM output and every att
 mantissa, so a kernel whose reduction order changes with the row count changes greedy choices. The GEMM
 plan keeps only row-invariant GEMM kernels (gemm_plan._is_row_invariant); this probe checks the whole
 forward on the model itself, because the rest of it (attention over 1 vs 8 queries, norms, rotary) can vary
-too: on a 2-core AMD EPYC with avx512_bf16 and no AMX it does, on the AMX Xeon it does not.
+too: on a 2-core AMD EPYC with avx512_bf16 and no AMX it did while oneDNN ran its bf16 GEMMs (the native
+AVX512-BF16 kernel since session 47 made it invariant there); on the AMX Xeon it does not.
 """
 
 from __future__ import annotations
