@@ -295,8 +295,11 @@ def available_kernels(can_pack: bool, weight: torch.Tensor) -> list[str]:
     AMX-BF16; dpbf16: bf16 on a CPU with AVX512-BF16)."""
     from dspark.kernels import native
 
+    # dpbf16 only where AMX is not: beside the AMX kernel (F.linear's bits) it could match F.linear on the plan's
+    # few sample rows by chance at one bucket and mix two reduction orders in one plan
     return [k for k in KERNELS if (k != "packed" or can_pack) and (k != "native" or native.supports(weight))
-            and (k != "amx" or native.supports_amx(weight)) and (k != "dpbf16" or native.supports_dpbf16(weight))]
+            and (k != "amx" or native.supports_amx(weight))
+            and (k != "dpbf16" or (native.supports_dpbf16(weight) and not native.supports_amx(weight)))]
 
 
 def _drop_unused_copies(plan: GemmPlan, linears: list[PlannedLinear]) -> None:
@@ -328,10 +331,16 @@ def measure_plan(layers: list[PlannedLinear], head: PlannedLinear, num_repeats: 
         for group, linears in (("layers", layers), ("head", [head])):
             takes_amx = "amx" in candidates and all(lin.takes_amx for lin in linears)
             takes_dpbf16 = "dpbf16" in candidates and all(lin.takes_dpbf16 for lin in linears)
+            reference = reference_kernel(linears)
             for rows in ROW_BUCKETS:
                 kernels = [k for k in candidates if (k != "mv" or rows == 1) and (k != "amx" or takes_amx)
                            and (k != "dpbf16" or takes_dpbf16)]
-                if is_low_precision:
+                if is_low_precision and reference != "linear":
+                    # a native tile kernel as the reference: invariant by construction, and the only candidate (another
+                    # kernel could match it on the sample rows by chance and bring its own order to some rows)
+                    rejected[group][rows] = [k for k in kernels if k != reference]
+                    kernels = [reference]
+                elif is_low_precision:
                     variant = [k for k in kernels if not _is_row_invariant(linears, rows, k)]
                     rejected[group][rows] = variant
                     kernels = [k for k in kernels if k not in variant]
@@ -340,7 +349,7 @@ def measure_plan(layers: list[PlannedLinear], head: PlannedLinear, num_repeats: 
                         kernels = [blocked(choice[group][b], b) for b in ROW_BUCKETS if b < rows
                                    and "/" not in choice[group][b]
                                    and _is_row_invariant(linears, rows, blocked(choice[group][b], b))]
-                        kernels = kernels or [blocked(reference_kernel(linears), 1)]  # one row at a time
+                        kernels = kernels or [blocked(reference, 1)]  # one row at a time: the reference
                 times = {k: _time_kernel(linears, rows, k, num_repeats, is_head=group == "head") for k in kernels}
                 timings[group][rows] = {k: round(v, 3) for k, v in times.items()}
                 best = min(times, key=times.__getitem__)
