@@ -170,23 +170,27 @@ def _gemm(kernel: Any, x: torch.Tensor, packed: torch.Tensor, size_out: int, dty
     return y
 
 
+def _tileable_bf16(weight: torch.Tensor) -> bool:
+    """A bf16 CPU weight (out, in), both sides multiples of 32: what the tile-packed kernels (AMX, AVX512-BF16) take."""
+    return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and weight.dim() == 2
+            and weight.shape[0] % 32 == 0 and weight.shape[1] % 32 == 0)
+
+
 def supports_amx(weight: torch.Tensor) -> bool:
-    """Whether the AMX bf16 GEMM takes this weight: a bf16 CPU weight (out, in), both multiples of 32, on a build
-    with AMX (`-march=native` on a CPU with AMX-BF16) whose OS lets the process use the tile registers. DSPARK_AMX=0
-    in the environment takes it out of the candidates (the plan is then measured again, without it)."""
+    """Whether the AMX bf16 GEMM takes this weight (`_tileable_bf16`) on a build with AMX (`-march=native` on a CPU
+    with AMX-BF16) whose OS lets the process use the tile registers. DSPARK_AMX=0 in the environment takes it out of
+    the candidates (the plan is then measured again, without it)."""
     if os.environ.get(AMX_ENV, "1") == "0":
         return False
     lib = library()
-    return (lib is not None and weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and weight.dim() == 2
-            and weight.shape[0] % 32 == 0 and weight.shape[1] % 32 == 0 and bool(lib.amx_ready()))
+    return lib is not None and _tileable_bf16(weight) and bool(lib.amx_ready())
 
 
 def supports_dpbf16(weight: torch.Tensor) -> bool:
-    """Whether the AVX512-BF16 GEMM (VDPBF16PS, for CPUs without AMX such as Zen 4) takes this weight: a bf16 CPU
-    weight (out, in), both multiples of 32, on a build with AVX512-BF16 (`-march=native` on such a CPU)."""
+    """Whether the AVX512-BF16 GEMM (VDPBF16PS, for CPUs without AMX such as Zen 4) takes this weight
+    (`_tileable_bf16`) on a build with AVX512-BF16 (`-march=native` on such a CPU)."""
     lib = library()
-    return (lib is not None and weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and weight.dim() == 2
-            and weight.shape[0] % 32 == 0 and weight.shape[1] % 32 == 0 and bool(lib.dpbf16_ready()))
+    return lib is not None and _tileable_bf16(weight) and bool(lib.dpbf16_ready())
 
 
 def dpbf16_linear(x: torch.Tensor, packed: torch.Tensor, size_out: int, name: str = "gemm") -> torch.Tensor:
