@@ -128,6 +128,36 @@ def test_native_attention_is_causal_per_slot_and_matches_sdpa(dtype: torch.dtype
         torch.testing.assert_close(out[t], ref, atol=1e-5, rtol=1e-5 if dtype == torch.float32 else 8e-3)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("hd", [64, 32])
+def test_native_attention_gives_each_token_what_it_gets_alone_in_pieces_of_any_size(dtype: torch.dtype,
+                                                                                     hd: int) -> None:
+    """Verify chunks of 1 + l tokens of one slot are one piece (their keys transposed once, their value rows read
+    once a tile of query heads): every token's output is bit for bit what it gets in a step of its own, at
+    key counts on both sides of the 16-key blocks, and within bf16 rounding of an fp32 reference."""
+    gen = torch.Generator().manual_seed(5)
+    num_heads, num_kv, max_len = 9, 3, 64
+    k_cache = torch.randn(4, max_len, num_kv, hd, generator=gen).to(dtype)
+    v_cache = torch.randn(4, max_len, num_kv, hd, generator=gen).to(dtype)
+    starts, lengths = [15, 0, 31, 40], [5, 8, 2, 1]  # chunks of 5, 8, 2 and 1 token(s) over slots 0..3
+    key_row = torch.tensor([s * max_len for s, n in enumerate(lengths) for _ in range(n)])
+    num_keys = torch.tensor([p + i + 1 for p, n in zip(starts, lengths) for i in range(n)])
+    qk = torch.randn(len(key_row), num_heads + 2 * num_kv, hd, generator=gen).to(dtype)
+    mk = int(num_keys.max())
+    together = native.attention(qk, num_heads, k_cache, v_cache, key_row, num_keys, mk, hd ** -0.5)
+    for t in range(len(key_row)):
+        alone = native.attention(qk[t:t + 1].contiguous(), num_heads, k_cache, v_cache, key_row[t:t + 1],
+                                 num_keys[t:t + 1], mk, hd ** -0.5)
+        assert torch.equal(alone[0], together[t]), t
+        s, n = int(key_row[t]) // max_len, int(num_keys[t])
+        q = qk[t, :num_heads][:, None, :].float()
+        k = k_cache[s, :n].transpose(0, 1).repeat_interleave(num_heads // num_kv, 0).float()
+        v = v_cache[s, :n].transpose(0, 1).repeat_interleave(num_heads // num_kv, 0).float()
+        ref = F.scaled_dot_product_attention(q, k, v).reshape(-1)
+        torch.testing.assert_close(together[t].float(), ref, atol=1e-5 if dtype == torch.float32 else 2e-2,
+                                   rtol=1e-5 if dtype == torch.float32 else 8e-3)
+
+
 def test_bf16_runners_take_native_attention_as_close_to_fp32_as_sdpa(tiny_target_dir) -> None:
     """bf16 generation and bf16 verification both attend in native code (the kernel computes each token
     alone, so verification stays row-invariant). Both paths are bf16 roundings of the fp32 model: the

@@ -470,9 +470,58 @@ static inline __attribute__((always_inline)) void prefetch_rows(const void *base
  * Row invariance: every query runs the same operations in the same order whatever piece or item it falls in
  * (the same blocks of 16 from its first key, its own accumulators, its own softmax), so a token's result is
  * bit for bit the same whether its step carries 1 token or 256. */
+#ifdef __AVX512BF16__
+/* r[i] (row i of a 16 x 16 matrix of dwords) becomes column i: pairs of rows interleaved by dwords, then by
+ * qwords (a 4 x 4 transpose in each 128-bit lane), then the lanes gathered across registers. */
+static inline __attribute__((always_inline)) void transpose16_dw(__m512i r[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; i++) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; i++) { /* u[4i + m]: column 4L + m of rows 4i .. 4i + 3, in lane L */
+    u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int m = 0; m < 4; m++) {
+    __m512i v = _mm512_shuffle_i32x4(u[m], u[4 + m], 0x88), w = _mm512_shuffle_i32x4(u[m], u[4 + m], 0xDD);
+    __m512i v2 = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0x88), w2 = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0xDD);
+    r[m] = _mm512_shuffle_i32x4(v, v2, 0x88);
+    r[8 + m] = _mm512_shuffle_i32x4(v, v2, 0xDD);
+    r[4 + m] = _mm512_shuffle_i32x4(w, w2, 0x88);
+    r[12 + m] = _mm512_shuffle_i32x4(w, w2, 0xDD);
+  }
+}
+#endif
+
 #define KEYS 16
 #define ATTN_MAX_HD 256
 #define ATTN_MAX_Q 16
+/* P·V for a tile of cnt query heads reading one KV head: for each of the block's nb value rows (read once for
+ * the tile), every query head's sums += its probability * the row, one FMA chain per (head, chunk), keys in
+ * order. A query's sums take the same operations in the same order whatever tile, piece or step it is in. */
+#define PV_ACC 24
+#define PV_TILE 6
+static inline __attribute__((always_inline)) void pv_tile(const int64_t cnt, const float *const *p, vf16 *const *a,
+                                                          const float *vh, int64_t stride, int64_t nb,
+                                                          const int64_t nc) {
+  vf16 acc[PV_ACC > ATTN_MAX_HD / 16 ? PV_ACC : ATTN_MAX_HD / 16];
+  for (int64_t x = 0; x < cnt; x++)
+    for (int64_t c = 0; c < nc; c++) acc[x * nc + c] = a[x][c];
+  for (int64_t j = 0; j < nb; j++) {
+    vf16 v[ATTN_MAX_HD / 16];
+    for (int64_t c = 0; c < nc; c++) v[c] = load16(vh + j * stride + 16 * c);
+    for (int64_t x = 0; x < cnt; x++) {
+      vf16 pj = (vf16){0} + p[x][j];
+      for (int64_t c = 0; c < nc; c++) acc[x * nc + c] += pj * v[c];
+    }
+  }
+  for (int64_t x = 0; x < cnt; x++)
+    for (int64_t c = 0; c < nc; c++) a[x][c] = acc[x * nc + c];
+}
+
 static inline __attribute__((always_inline)) void attention_generic(
     int64_t T, const void *q, int64_t q_stride, const void *k_cache, const void *v_cache, const int64_t *key_row,
     const int64_t *num_keys, void *out, float *probs, int64_t num_heads, int64_t num_kv_heads, const int64_t hd,
@@ -494,6 +543,9 @@ static inline __attribute__((always_inline)) void attention_generic(
   float *buf = malloc(sizeof(float) * (size_t)(cap * hq * hd + KEYS * width) + sizeof(vf16) * (size_t)(cap * hq * nc));
   float *qbuf = buf, *blk = qbuf + cap * hq * hd;
   vf16 *acc_all = (vf16 *)(blk + KEYS * width);
+#ifdef __AVX512BF16__
+  uint32_t kt[ATTN_MAX_HD / 2 * KEYS] __attribute__((aligned(64))); /* a KV head's key block, transposed */
+#endif
   /* items taken in turn from a shared counter (`next`), or tid, tid + nthr, ... without one (the fused stack) */
   for (int64_t item = next ? atomic_fetch_add(next, 1) : tid; item < num_pieces * split;
        item = next ? atomic_fetch_add(next, 1) : item + nthr) {
@@ -509,26 +561,38 @@ static inline __attribute__((always_inline)) void attention_generic(
       prefetch_rows(k_cache, k0 + (j0 + KEYS) * nkv, n_max - j0 - KEYS, nkv, width, bf16);
 #ifdef __AVX512BF16__
       if (bf16 && hd % 32 == 0) { /* bf16 pairs multiplied exactly and summed into fp32 lanes: no widening */
-        for (int64_t i = 0; i < nq; i++) {
-          int64_t t = t0 + i, n = num_keys[t];
-          if (j0 >= n) continue;
-          int64_t nb = n - j0 < KEYS ? n - j0 : KEYS;
-          float *p0 = probs + (t * num_heads + h0 * group) * max_keys;
-          for (int64_t hg = 0; hg < hq; hg++) {
-            const uint16_t *qg = (const uint16_t *)q + t * q_stride + (h0 * group + hg) * hd;
-            const uint16_t *kh = (const uint16_t *)k_cache + k0 + j0 * nkv + (hg / group) * hd;
-            vf16 part[KEYS];
-            for (int64_t j = 0; j < KEYS; j++) {
-              __m512 s = _mm512_setzero_ps();
-              if (j < nb)
-                for (int64_t c = 0; c < hd / 32; c++)
-                  s = _mm512_dpbf16_ps(s, (__m512bh)_mm512_loadu_si512(qg + 32 * c),
-                                       (__m512bh)_mm512_loadu_si512(kh + j * nkv + 32 * c));
-              part[j] = (vf16)s;
+        /* A KV head's 16 keys transposed once into dword columns kt[p] (lane j: key j's pair p, keys past the
+         * block zero), then each query head's 16 scores are one vector: hd / 2 VDPBF16PS of its pair p
+         * broadcast against kt[p], in two chains (even and odd p) added at the end. No lane folds and no
+         * stores per key; the transpose is shared by every query of the piece and every head of the group. */
+        int64_t npair = hd / 2, row_dw = nkv / 2;
+        for (int64_t kh = 0; kh < heads; kh++) {
+          const uint32_t *src = (const uint32_t *)((const uint16_t *)k_cache + k0 + j0 * nkv + kh * hd);
+          for (int64_t c = 0; c < npair; c += 16) {
+            __m512i r[16];
+            for (int64_t j = 0; j < KEYS; j++)
+              r[j] = _mm512_maskz_loadu_epi32(j < nb_max ? (__mmask16)0xFFFF : 0, src + j * row_dw + c);
+            transpose16_dw(r);
+            for (int64_t m = 0; m < 16; m++) _mm512_store_si512(kt + (c + m) * 16, r[m]);
+          }
+          for (int64_t i = 0; i < nq; i++) {
+            int64_t t = t0 + i, n = num_keys[t];
+            if (j0 >= n) continue;
+            int64_t nb = n - j0 < KEYS ? n - j0 : KEYS;
+            float *p0 = probs + (t * num_heads + h0 * group) * max_keys;
+            for (int64_t g = 0; g < group; g++) {
+              int64_t hg = kh * group + g;
+              const int32_t *qd = (const int32_t *)((const uint16_t *)q + t * q_stride + (h0 * group + hg) * hd);
+              __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+              for (int64_t pr = 0; pr < npair; pr += 2) {
+                a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_set1_epi32(qd[pr]),
+                                      (__m512bh)_mm512_load_si512(kt + pr * 16));
+                a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_set1_epi32(qd[pr + 1]),
+                                      (__m512bh)_mm512_load_si512(kt + (pr + 1) * 16));
+              }
+              __m512 sc = _mm512_mul_ps(_mm512_add_ps(a0, a1), _mm512_set1_ps(scale));
+              _mm512_mask_storeu_ps(p0 + hg * max_keys + j0, (__mmask16)((1u << nb) - 1u), sc);
             }
-            vf16 sc = sum_lanes16(part) * scale;
-            float *p = p0 + hg * max_keys + j0;
-            for (int64_t j = 0; j < nb; j++) p[j] = sc[j];
           }
         }
         continue;
@@ -569,36 +633,37 @@ static inline __attribute__((always_inline)) void attention_generic(
         for (int64_t j = 0; j < n; j++) mx = p[j] > mx ? p[j] : mx;
         float inv = 1.0f / exp_shifted(p, n, mx);
         for (int64_t j = 0; j < n; j++) p[j] *= inv;
+        for (int64_t j = n; j < n_max; j++) p[j] = 0.0f; /* keys past its own: +0 * v leaves its sums as they are */
         for (int64_t c = 0; c < nc; c++) acc_all[(i * hq + hg) * nc + c] = (vf16){0};
       }
     }
+    int64_t nx = nq * group, tile = PV_ACC / nc > PV_TILE ? PV_TILE : PV_ACC / nc;
     for (int64_t j0 = 0; j0 < n_max; j0 += KEYS) {
       int64_t nb_max = n_max - j0 < KEYS ? n_max - j0 : KEYS;
       const float *vb = bf16 ? blk : (const float *)v_cache + k0 + j0 * nkv;
       prefetch_rows(v_cache, k0 + (j0 + KEYS) * nkv, n_max - j0 - KEYS, nkv, width, bf16);
       if (bf16)
         for (int64_t j = 0; j < nb_max; j++) as_f32(v_cache, k0 + (j0 + j) * nkv, width, blk + j * width, 1);
-      for (int64_t i = 0; i < nq; i++) {
-        int64_t t = t0 + i, n = num_keys[t];
-        if (j0 >= n) continue;
-        int64_t nb = n - j0 < KEYS ? n - j0 : KEYS;
-        const float *p0 = probs + (t * num_heads + h0 * group) * max_keys;
-        for (int64_t hg = 0; hg < hq; hg++) {
-          /* in registers within the block, even and odd keys apart: two FMA chains instead of one per chunk */
-          const float *p = p0 + hg * max_keys + j0, *vh = vb + (hg / group) * hd;
-          vf16 *a = acc_all + (i * hq + hg) * nc, even[ATTN_MAX_HD / 16], odd[ATTN_MAX_HD / 16];
-          for (int64_t c = 0; c < nc; c++) even[c] = a[c], odd[c] = (vf16){0};
-          int64_t j = 0;
-          for (; j + 1 < nb; j += 2)
-            for (int64_t c = 0; c < nc; c++) {
-              even[c] += p[j] * load16(vh + j * stride + 16 * c);
-              odd[c] += p[j + 1] * load16(vh + (j + 1) * stride + 16 * c);
-            }
-          if (j < nb)
-            for (int64_t c = 0; c < nc; c++) even[c] += p[j] * load16(vh + j * stride + 16 * c);
-          for (int64_t c = 0; c < nc; c++) a[c] = even[c] + odd[c];
+      for (int64_t kh = 0; kh < heads; kh++) /* the queries of a KV head in tiles: a value row read once a tile */
+        for (int64_t x0 = 0; x0 < nx; x0 += tile) {
+          int64_t cnt = nx - x0 < tile ? nx - x0 : tile;
+          const float *pr[PV_TILE];
+          vf16 *ar[PV_TILE];
+          for (int64_t x = 0; x < cnt; x++) {
+            int64_t i = (x0 + x) / group, hg = kh * group + (x0 + x) % group;
+            pr[x] = probs + ((t0 + i) * num_heads + h0 * group + hg) * max_keys + j0;
+            ar[x] = acc_all + (i * hq + hg) * nc;
+          }
+          const float *vh = vb + kh * hd;
+          switch (cnt) { /* a literal count (and hd): the tile's sums stay in registers */
+            case 6: pv_tile(6, pr, ar, vh, stride, nb_max, nc); break;
+            case 5: pv_tile(5, pr, ar, vh, stride, nb_max, nc); break;
+            case 4: pv_tile(4, pr, ar, vh, stride, nb_max, nc); break;
+            case 3: pv_tile(3, pr, ar, vh, stride, nb_max, nc); break;
+            case 2: pv_tile(2, pr, ar, vh, stride, nb_max, nc); break;
+            default: pv_tile(1, pr, ar, vh, stride, nb_max, nc); break;
+          }
         }
-      }
     }
     for (int64_t i = 0; i < nq; i++)
       for (int64_t hg = 0; hg < hq; hg++) {
