@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -384,6 +385,58 @@ def test_where_drafting_does_not_pay_the_hybrid_forgoes_dspark_features_and_deco
     # the prompt's features, then none (decoupled: the prompt's ride with the message that says so, unobserved)
     assert all(fed[r.request_id] == (1 if mode == "colocated" else 0) for r in reqs), fed
     assert mode == "decoupled" or (not hybrid._forgone and not hybrid.feature_drafter._contexts)  # type: ignore
+
+
+@pytest.mark.parametrize("mode", ["colocated", "decoupled"])
+def test_where_dspark_adds_nothing_the_hybrid_stops_taking_its_features_and_decodes_the_same(tiny_target, mode):
+    """A random DSpark (its drafts are rejected) is chosen at first (its prior); its account (tokens beyond the
+    cheap drafts' expectation, less its forward and features) turns negative, the features gate closes, and the
+    requests that come after it go without features (not even their prompt's) except one in _EXPLORE_EVERY;
+    greedy output is target-only's throughout."""
+    from dspark.models.drafters.hybrid import _EXPLORE_EVERY
+
+    vocab = tiny_target.model.config.vocab_size
+    prompts = tiny_prompts(vocab)[:16]
+    refs = {tuple(p): hf_greedy(tiny_target, p, 24) for p in prompts}
+    hybrid = make_hybrid(tiny_target, self_distilled_docs(tiny_target, tiny_prompts(vocab)[16:], 48, 0.0))
+    fed: Counter[str] = Counter()
+    observe = hybrid.feature_drafter.observe  # type: ignore[union-attr]
+
+    def counting(request_id: str, features: torch.Tensor) -> None:
+        fed[request_id] += 1
+        observe(request_id, features)
+
+    hybrid.feature_drafter.observe = counting  # type: ignore[union-attr, method-assign]
+    cfg = EngineConfig(target=str(tiny_target.path), drafter="hybrid", scheduler="greedy", num_draft_tokens=7,
+                       max_num_seqs=4, max_model_len=512, sps_profile=tiny_sps_path(tiny_target.path),
+                       draft_gate=False)
+    with hybrid_engine(mode, cfg, tiny_target, hybrid) as engine:
+        first = engine.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True))
+        assert "dspark" in source_counts(engine)  # chosen while its account was open
+        assert not hybrid.features_pay and hybrid._value_ms < 0
+        later = engine.generate(prompts * 2, SamplingParams(max_tokens=24, ignore_eos=True))
+    assert [r.output_ids for r in first + later] == [refs[tuple(p)] for p in prompts * 3]
+    fed_later = [fed[r.request_id] for r in later]
+    explorers = sum(1 for n in fed_later if n > 2)
+    assert 1 <= explorers <= len(later) // _EXPLORE_EVERY + 1, fed_later
+    assert fed_later.count(0) == len(later) - explorers, fed_later
+
+
+def test_dspark_features_pay_again_when_its_drafts_are_accepted_beyond_the_cheap_sources(tiny_target):
+    """The features gate follows DSpark's account both ways: rounds where DSpark's drafts were accepted well
+    beyond what the cheap drafts promised reopen it, and new requests keep their features again."""
+    hybrid = make_hybrid(tiny_target, [np.arange(64, dtype=np.int32)])
+    for _ in range(80):  # chosen, nothing accepted, its forward costing 1 ms of a 10 ms round
+        hybrid._open_round = (time.perf_counter() - 0.01, 1.0, 1)
+        hybrid._chosen_free["a"] = 0.5
+        hybrid.feedback(["a"], [3], [0])
+    assert not hybrid.features_pay
+    assert [hybrid.wants_features(f"x{i}") for i in range(32)].count(True) == 2  # the explorers
+    for _ in range(80):  # now 4 tokens beyond the cheap drafts' 0.5 a round: ~8 ms of the round's time gained
+        hybrid._open_round = (time.perf_counter() - 0.01, 1.0, 1)
+        hybrid._chosen_free["a"] = 0.5
+        hybrid.feedback(["a"], [5], [4])
+    assert hybrid.features_pay and hybrid.wants_features("y") and hybrid.wants_features("x0")
 
 
 def test_hybrid_learns_dspark_acceptance_apart_where_the_cheap_sources_have_little(tiny_target):

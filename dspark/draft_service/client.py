@@ -86,6 +86,7 @@ class RemoteDrafter:
         self._released: list[str] = []
         self._forgone: set[str] = set()  # requests whose features are forgone (their features are not sent)
         self._newly_forgone: list[str] = []  # not yet told to the far side
+        self._declined: set[str] = set()  # requests whose features the far side's drafter no longer wants
         self._verdicts: list[tuple[str, int, int]] = []  # (request, verified, accepted) not yet sent
         self._in_flight: deque[tuple[int, list[str], TransportSpan]] = deque()
         self._seq = 0
@@ -151,8 +152,13 @@ class RemoteDrafter:
             if st is not None:
                 st.features = []
 
+    def wants_features(self, request_id: str) -> bool:
+        """`FeaturesOptional`: what the far side's drafter said in its latest reply for this request."""
+        return request_id not in self._declined
+
     def release(self, request_id: str) -> None:
         self._forgone.discard(request_id)
+        self._declined.discard(request_id)
         if self._state.pop(request_id, None) is not None:
             self._released.append(request_id)
 
@@ -262,6 +268,7 @@ class RemoteDrafter:
             reply.get("posted_s", 0.0), reply["received_s"], reply["start_s"], reply["end_s"])
         self.spans.append(span)
         self.total_transport_ms += span.transport_ms
+        self._declined.update(rid for rid in reply.get("declined") or () if rid in ids)
         return DraftOutput(tokens=reply["tokens"], probs=reply["probs"], confidences=reply["confidences"],
                            sources=reply.get("sources"), num_proposals=reply.get("num_proposals"))
 

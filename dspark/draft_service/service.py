@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from dspark.models.drafters.base import Drafter, DraftRequest, features_optional
+from dspark.models.drafters.base import Drafter, DraftRequest, declines_features, features_optional
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class DraftService:
             history = self._tokens.setdefault(req["id"], [])
             history.extend(req["new_tokens"])
             n = req["num_features"]
-            if n and features is not None and self.hidden_layers:
+            if n and features is not None and self.hidden_layers and not declines_features(self.drafter, req["id"]):
                 self.drafter.observe(req["id"], features[offset:offset + n])  # type: ignore[union-attr]
             offset += n
             batch.append(DraftRequest(req["id"], list(history), req["temperature"], req.get("tenant", "")))
@@ -100,12 +100,14 @@ class DraftService:
             log.exception("draft round failed; drafting its requests one by one")
             usable = [r for r in usable if self._can_draft(r, message["max_num_tokens"])]
             out = self.drafter.propose(usable, message["max_num_tokens"])
+        # the requests whose features the drafter no longer wants: the verify side forgoes them (`wants_features`)
+        declined = [r.request_id for r in batch if declines_features(self.drafter, r.request_id)]
         if len(usable) == len(batch):
             return {"tokens": out.tokens, "probs": out.probs, "confidences": out.confidences,
-                    "sources": out.sources, "num_proposals": out.num_proposals}
+                    "sources": out.sources, "num_proposals": out.num_proposals, "declined": declined}
         by_id = {r.request_id: i for i, r in enumerate(usable)}  # requests without a draft get none (ℓ = 0)
         return {"tokens": [out.tokens[by_id[r.request_id]] if r.request_id in by_id else [] for r in batch],
-                "probs": None, "confidences": None}
+                "probs": None, "confidences": None, "declined": declined}
 
     def _apply_verdicts(self, verdicts: list[tuple[str, int, int]]) -> None:
         """The verify side's verdicts on earlier rounds, for drafters that learn from them (suffix, hybrid)."""

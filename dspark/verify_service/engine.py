@@ -19,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 from dspark.config.engine import EngineConfig, resolve_dtype
-from dspark.models.drafters.base import Drafter, DraftOutput, features_optional
+from dspark.models.drafters.base import Drafter, DraftOutput, declines_features, features_optional
 from dspark.models.drafters.registry import make_drafter
 from dspark.models.target.generic_runner import GenericRunner
 from dspark.models.target.layer import ForwardOutput, SeqChunk
@@ -231,13 +231,16 @@ class Engine:
         that can go without features (`FeaturesOptional`: the hybrid, from its cheap sources) forgoes them for
         every running request, for the rest of its life: its DSpark context would have a gap. Under such a load
         they cost every step (the taps, the copy, DSpark's projection of each row) and bought nothing
-        (batch 32 on a 2-core AMX Xeon: the hybrid 2 % behind target-only, verifying no draft token).
-        Lossless: it depends on the batch size and past rounds' timings, never on the tokens being verified."""
-        if not self.hidden_layers or self.gate is None or not features_optional(self.drafter):
+        (batch 32 on a 2-core AMX Xeon: the hybrid 2 % behind target-only, verifying no draft token). So does
+        each request the drafter itself declines (`wants_features`: the hybrid, where DSpark's measured worth
+        does not pay for its features). Lossless: it depends on the batch size, arrivals and past rounds'
+        timings and verdicts, never on the tokens being verified."""
+        if not self.hidden_layers or not features_optional(self.drafter):
             return self.hidden_layers
         running = [r for r in self.running if not r.is_finished]
-        if self.gate.is_shut(len(running)):
-            for req in running:
+        shut = self.gate is not None and self.gate.is_shut(len(running))
+        for req in running:  # and each request the drafter itself no longer wants features for (`wants_features`)
+            if req.request_id not in self._forgone and (shut or declines_features(self.drafter, req.request_id)):
                 self._forgo(req)
         return self.hidden_layers if any(r.request_id not in self._forgone for r in running) else ()
 
@@ -387,6 +390,8 @@ class Engine:
         its computed part's)."""
         for req, f in zip(reqs, feats):
             whole = f if f is not None and f.shape[0] == len(req.prompt_ids) else None
+            if declines_features(self.drafter, req.request_id):
+                self._forgo(req)
             if self.drafter is not None and whole is not None and req.request_id not in self._forgone:
                 self.drafter.observe(req.request_id, whole)  # type: ignore[attr-defined]
             if self.prefix_cache is not None:

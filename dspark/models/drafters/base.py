@@ -100,14 +100,20 @@ class FeatureDrafter(Drafter, Protocol):
 class FeaturesOptional(Protocol):
     """A feature drafter that can go on without a request's features (the hybrid: from its cheap sources), where
     `features_optional` is true (a remote drafter has the method whatever drafts on the far side). Where
-    drafting does not pay at the current load, the engine stops tapping and feeding the target's hidden states
-    for such a drafter's requests (`forgo_features`, once per request, for the rest of its life): they cost
-    every step and, under that load, bought nothing."""
+    drafting does not pay at the current load, or where the drafter declines a request's features
+    (`wants_features`), the engine stops tapping and feeding the target's hidden states for such a drafter's
+    requests (`forgo_features`, once per request, for the rest of its life): they cost every step and there
+    bought nothing."""
 
     features_optional: bool
 
     def forgo_features(self, request_id: str) -> None:
         """No more features will come for this request: draft it without them; free what was kept for it."""
+        ...
+
+    def wants_features(self, request_id: str) -> bool:
+        """Whether this request's features are still worth taking (the hybrid: while its feature drafter's
+        measured worth pays for them); once False the engine forgoes them."""
         ...
 
 
@@ -118,6 +124,11 @@ def features_optional(drafter: object) -> TypeGuard[FeaturesOptional]:
     """Whether `drafter` can go without a request's features (`FeaturesOptional`): the one test the engine and
     the draft service both make."""
     return bool(getattr(drafter, "features_optional", False))
+
+
+def declines_features(drafter: object, request_id: str) -> bool:
+    """Whether a `FeaturesOptional` drafter no longer wants this request's features (`wants_features`)."""
+    return features_optional(drafter) and not drafter.wants_features(request_id)
 
 
 CHECKPOINTS_DIR = Path(__file__).resolve().parents[3] / "checkpoints"

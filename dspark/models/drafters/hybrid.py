@@ -22,6 +22,15 @@ features (`forgo_features`, `FeaturesOptional`): DSpark is out for them for good
 and they draft from the cheap sources alone; the taps, the feature copies and DSpark's projection of every
 row cost the hybrid ~2 % at batch 32 where Algorithm 1 verified none of its drafts.
 
+DSpark's features gate (`wants_features`): the features cost every round whether or not DSpark drafts, and on
+a CPU where DSpark adds nothing beside the cheap sources (a Zen 4 EPYC: τ 2.06 with it against 2.05 without,
+0.4 ms of drafting and ~0.3 ms of features a 15 ms step) they are pure cost. So the hybrid keeps a decayed
+account of what DSpark was worth: each round, the tokens it was accepted beyond what the cheap sources
+expected for the same requests (E_d's realised minus E_c), at the round's time per token, less the time of its
+forward and of taking the features (`observe`, with DSpark's projection of queued rows). Once enough rounds are
+counted and the account is negative, new requests go without features (the engine forgoes them), except one
+in `_EXPLORE_EVERY`, whose rounds keep the account current: DSpark comes back where it pays again.
+
 Why this is lossless: the choice of source for a request depends only on its context (the cheap drafts
 and their calibrated survival are deterministic functions of its tokens; at T > 0 the chosen cheap source
 then draws its draft from its q, after the choice) and on statistics of earlier, already verified rounds.
@@ -52,6 +61,9 @@ _PRIOR_MODEL_TOKENS = {"greedy": 0.8, "sampled": 0.6}  # DSpark's τ − 1 in `d
 _PRIOR_ROUNDS = 4.0  # the prior's weight in rounds: one unlucky first round must not shut DSpark out
 _BANDS = (0.25, 0.5, 1.0, 2.0)  # upper edges of the E_c bands DSpark's acceptance is kept apart for
 _DECAY = 0.98
+_VALUE_DECAY = 0.98  # per round, for DSpark's account (a window of ~50 rounds)
+_MIN_ROUNDS = 32.0  # decayed rounds counted (~50 rounds) before the account may close the features gate
+_EXPLORE_EVERY = 16  # while the gate is closed, one new request in this many keeps its features
 
 
 class HybridDrafter:
@@ -79,6 +91,14 @@ class HybridDrafter:
         self._chosen_model: dict[str, tuple[str, int]] = {}  # request id -> (regime, band) of its DSpark draft
         self._forgone: set[str] = set()  # requests the engine feeds no features any more: cheap sources only
         self.model_stats = SourceStats()
+        # DSpark's account (the features gate): decayed ms it gained (or lost) a round, and rounds counted
+        self._value_ms = 0.0
+        self._value_rounds = 0.0
+        self._observe_ms = 0.0  # time taking features since the last verdict
+        self._chosen_free: dict[str, float] = {}  # request -> E_c of the cheap draft DSpark replaced
+        self._seen: set[str] = set()  # requests asked `wants_features` already
+        self._explorers: set[str] = set()  # requests that keep their features while the gate is closed
+        self._num_new = 0
 
     @classmethod
     def build(cls, target: TargetModel, path: str | None = None, suffix_path: str | None = None,
@@ -100,7 +120,27 @@ class HybridDrafter:
     # ---- the FeatureDrafter interface ------------------------------------------------------------
     def observe(self, request_id: str, features: torch.Tensor) -> None:
         if self.feature_drafter is not None and request_id not in self._forgone:
+            t0 = time.perf_counter()
             self.feature_drafter.observe(request_id, features)
+            self._observe_ms += (time.perf_counter() - t0) * 1e3
+
+    @property
+    def features_pay(self) -> bool:
+        """Whether DSpark's account says its features pay (open until enough rounds are counted)."""
+        return self.feature_drafter is not None and (self._value_rounds < _MIN_ROUNDS or self._value_ms >= 0.0)
+
+    def wants_features(self, request_id: str) -> bool:
+        """Whether the engine should go on tapping and feeding this request's features: while DSpark's account
+        is open, every request; while closed, only the explorers (one new request in `_EXPLORE_EVERY`, chosen
+        when it is first asked about). Lossless: it depends on arrival order and past rounds, not on tokens."""
+        if self.feature_drafter is None or request_id in self._forgone:
+            return False
+        if request_id not in self._seen:
+            self._seen.add(request_id)
+            self._num_new += 1
+            if not self.features_pay and self._num_new % _EXPLORE_EVERY == 0:
+                self._explorers.add(request_id)
+        return self.features_pay or request_id in self._explorers
 
     def forgo_features(self, request_id: str) -> None:
         """From now on this request is drafted from the cheap sources alone (`FeaturesOptional`): DSpark's
@@ -122,6 +162,7 @@ class HybridDrafter:
         for r in requests:  # per request: the latest round's choice, until its verdict or release
             self.suffix.last.pop(r.request_id, None)
             self._chosen_model.pop(r.request_id, None)
+            self._chosen_free.pop(r.request_id, None)
         picked = [i for i, m in enumerate(use_model) if m]
         if picked:
             t0 = time.perf_counter()
@@ -134,6 +175,7 @@ class HybridDrafter:
                 tokens[i] = out.tokens[j]
                 confidences[i] = out.confidences[j] if out.confidences is not None else [0.5] * len(out.tokens[j])
                 self._chosen_model[requests[i].request_id] = keys[i]
+                self._chosen_free[requests[i].request_id] = cheap[i].expected_tokens if cheap[i] else 0.0
                 sources[i] = "dspark" if tokens[i] else ""
             if out.probs is not None:
                 probs = self._point_masses(tokens)
@@ -205,10 +247,13 @@ class HybridDrafter:
     def feedback(self, request_ids: list[str], num_verified: list[int], num_accepted: list[int]) -> None:
         """The engine's verdict on the latest round: per-source counts, and DSpark's accepted tokens per
         verified round (per regime) for the next rounds' choices."""
+        round_ms = None
         if self._open_round is not None:  # the round's time without DSpark's forward: R(B)
             start, model_ms, size = self._open_round
-            _fold(self._round_ms, size, (time.perf_counter() - start) * 1e3 - model_ms)
+            round_ms = (time.perf_counter() - start) * 1e3
+            _fold(self._round_ms, size, round_ms - model_ms)
             self._open_round = None
+            self._count_value(request_ids, num_accepted, round_ms, model_ms, size)
         self.suffix.feedback(request_ids, num_verified, num_accepted)
         for rid, n_ver, n_acc in zip(request_ids, num_verified, num_accepted):
             key = self._chosen_model.get(rid)
@@ -225,6 +270,23 @@ class HybridDrafter:
             for k in range(min(n_acc, len(s.accepted_by_position))):
                 s.accepted_by_position[k] += 1
 
+    def _count_value(self, request_ids: list[str], num_accepted: list[int], round_ms: float, model_ms: float,
+                     size: int) -> None:
+        """DSpark's account for the latest round: its accepted tokens beyond the cheap drafts' E_c at the round's
+        ms per token, less its forward and the features taken since the last round."""
+        if self.feature_drafter is None:
+            return
+        extra = sum(a - self._chosen_free[r] for r, a in zip(request_ids, num_accepted) if r in self._chosen_free)
+        ms_per_token = round_ms / max(1, size + sum(num_accepted))
+        was_open = self.features_pay
+        self._value_ms = _VALUE_DECAY * self._value_ms + extra * ms_per_token - model_ms - self._observe_ms
+        self._value_rounds = _VALUE_DECAY * self._value_rounds + 1.0
+        self._observe_ms = 0.0
+        if self.features_pay != was_open:
+            log.info("hybrid: DSpark's features %s (account %.2f ms over ~%d rounds)",
+                     "pay again: every new request keeps them" if self.features_pay
+                     else "do not pay: new requests go without them", self._value_ms, round(self._value_rounds))
+
     def source_stats(self) -> dict[str, dict]:
         return {**self.suffix.source_stats(), "dspark": asdict(self.model_stats)}
 
@@ -235,7 +297,10 @@ class HybridDrafter:
     def release(self, request_id: str) -> None:
         self.suffix.release(request_id)
         self._chosen_model.pop(request_id, None)
+        self._chosen_free.pop(request_id, None)
         self._forgone.discard(request_id)
+        self._seen.discard(request_id)
+        self._explorers.discard(request_id)
         if self.feature_drafter is not None:
             self.feature_drafter.release(request_id)
 
