@@ -314,6 +314,19 @@ def hybrid_engine(mode: str, cfg: EngineConfig, target, hybrid: HybridDrafter) -
         server.join(timeout=30)
 
 
+def count_fed_features(hybrid: HybridDrafter) -> Counter[str]:
+    """From now on, how many times each request's features reach the hybrid's DSpark (`observe` calls)."""
+    fed: Counter[str] = Counter()
+    observe = hybrid.feature_drafter.observe  # type: ignore[union-attr]
+
+    def counting(request_id: str, features: torch.Tensor) -> None:
+        fed[request_id] += 1
+        observe(request_id, features)
+
+    hybrid.feature_drafter.observe = counting  # type: ignore[union-attr, method-assign]
+    return fed
+
+
 def source_counts(engine: Engine) -> dict[str, list[int]]:
     """Per source, from the engine's step records: [chosen drafts, verified tokens, accepted tokens]."""
     out: dict[str, list[int]] = {}
@@ -361,14 +374,7 @@ def test_where_drafting_does_not_pay_the_hybrid_forgoes_dspark_features_and_deco
     prompts = tiny_prompts(vocab)[:8]
     refs = [hf_greedy(tiny_target, p, 24) for p in prompts]
     hybrid = make_hybrid(tiny_target, self_distilled_docs(tiny_target, tiny_prompts(vocab)[16:], 48, 0.0))
-    fed: Counter[str] = Counter()
-    observe = hybrid.feature_drafter.observe  # type: ignore[union-attr]
-
-    def counting(request_id: str, features: torch.Tensor) -> None:
-        fed[request_id] += 1
-        observe(request_id, features)
-
-    hybrid.feature_drafter.observe = counting  # type: ignore[union-attr, method-assign]
+    fed = count_fed_features(hybrid)
     cfg = EngineConfig(target=str(tiny_target.path), drafter="hybrid", scheduler="greedy", num_draft_tokens=7,
                        max_num_seqs=8, max_model_len=512, sps_profile=tiny_sps_path(tiny_target.path))
     gate = DraftGate()
@@ -399,14 +405,7 @@ def test_where_dspark_adds_nothing_the_hybrid_stops_taking_its_features_and_deco
     prompts = tiny_prompts(vocab)[:16]
     refs = {tuple(p): hf_greedy(tiny_target, p, 24) for p in prompts}
     hybrid = make_hybrid(tiny_target, self_distilled_docs(tiny_target, tiny_prompts(vocab)[16:], 48, 0.0))
-    fed: Counter[str] = Counter()
-    observe = hybrid.feature_drafter.observe  # type: ignore[union-attr]
-
-    def counting(request_id: str, features: torch.Tensor) -> None:
-        fed[request_id] += 1
-        observe(request_id, features)
-
-    hybrid.feature_drafter.observe = counting  # type: ignore[union-attr, method-assign]
+    fed = count_fed_features(hybrid)
     cfg = EngineConfig(target=str(tiny_target.path), drafter="hybrid", scheduler="greedy", num_draft_tokens=7,
                        max_num_seqs=4, max_model_len=512, sps_profile=tiny_sps_path(tiny_target.path),
                        draft_gate=False)

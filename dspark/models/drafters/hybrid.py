@@ -247,7 +247,6 @@ class HybridDrafter:
     def feedback(self, request_ids: list[str], num_verified: list[int], num_accepted: list[int]) -> None:
         """The engine's verdict on the latest round: per-source counts, and DSpark's accepted tokens per
         verified round (per regime) for the next rounds' choices."""
-        round_ms = None
         if self._open_round is not None:  # the round's time without DSpark's forward: R(B)
             start, model_ms, size = self._open_round
             round_ms = (time.perf_counter() - start) * 1e3
