@@ -423,7 +423,8 @@ def test_where_dspark_adds_nothing_the_hybrid_stops_taking_its_features_and_deco
 
 def test_dspark_features_pay_again_when_its_drafts_are_accepted_beyond_the_cheap_sources(tiny_target):
     """The features gate follows DSpark's account both ways: rounds where DSpark's drafts were accepted well
-    beyond what the cheap drafts promised reopen it, and new requests keep their features again."""
+    beyond what the cheap drafts promised reopen it, and new requests keep their features again (a request
+    declined meanwhile stays without: its DSpark context would have a gap)."""
     hybrid = make_hybrid(tiny_target, [np.arange(64, dtype=np.int32)])
     for _ in range(80):  # chosen, nothing accepted, its forward costing 1 ms of a 10 ms round
         hybrid._open_round = (time.perf_counter() - 0.01, 1.0, 1)
@@ -431,11 +432,35 @@ def test_dspark_features_pay_again_when_its_drafts_are_accepted_beyond_the_cheap
         hybrid.feedback(["a"], [3], [0])
     assert not hybrid.features_pay
     assert [hybrid.wants_features(f"x{i}") for i in range(32)].count(True) == 2  # the explorers
+    # a declined request is forgone at once: DSpark never drafts it (decoupled, its features were never observed)
+    from types import SimpleNamespace
+
+    cheap = [SimpleNamespace(expected_tokens=0.0)]
+    assert hybrid._choose_model(cheap, [DraftRequest("x0", [1, 2, 3], 0.0)])[0] == [False]  # type: ignore[arg-type]
+    assert hybrid._choose_model(cheap, [DraftRequest("x15", [1, 2, 3], 0.0)])[0] == [True]  # type: ignore[arg-type]
     for _ in range(80):  # now 4 tokens beyond the cheap drafts' 0.5 a round: ~8 ms of the round's time gained
         hybrid._open_round = (time.perf_counter() - 0.01, 1.0, 1)
         hybrid._chosen_free["a"] = 0.5
         hybrid.feedback(["a"], [5], [4])
-    assert hybrid.features_pay and hybrid.wants_features("y") and hybrid.wants_features("x0")
+    assert hybrid.features_pay and hybrid.wants_features("y") and not hybrid.wants_features("x0")  # once forgone
+
+
+def test_a_draft_worker_whose_hybrid_declines_a_new_request_drafts_it_from_the_cheap_sources(tiny_target):
+    """Decoupled, the account closed: a new request's first message carries its prompt features; the draft
+    service hands none to DSpark (declined), the hybrid drafts it from its cheap sources (DSpark, without a
+    context, must not be chosen: it would fail), and the reply names it for the verify side to forgo."""
+    vocab = tiny_target.model.config.vocab_size
+    hybrid = make_hybrid(tiny_target, self_distilled_docs(tiny_target, tiny_prompts(vocab)[16:], 48, 0.0))
+    hybrid._value_rounds, hybrid._value_ms = 100.0, -50.0  # DSpark's account: closed
+    service = DraftService(hybrid)
+    prompt = tiny_prompts(vocab)[0]
+    width = len(hybrid.hidden_layers) * tiny_target.model.config.hidden_size
+    message = {"kind": "draft", "seq": 0, "max_num_tokens": 4, "released": [], "forgone": [], "verdicts": [],
+               "requests": [{"id": "r", "new_tokens": prompt, "temperature": 0.0, "num_features": len(prompt)}],
+               "features": torch.zeros(len(prompt), width)}
+    reply = service.handle(message)
+    assert reply["declined"] == ["r"] and reply["sources"] != ["dspark"] and "r" not in service._unusable
+    assert "r" in hybrid._forgone and "r" not in hybrid.feature_drafter._contexts  # type: ignore[union-attr]
 
 
 def test_hybrid_learns_dspark_acceptance_apart_where_the_cheap_sources_have_little(tiny_target):

@@ -132,7 +132,8 @@ class HybridDrafter:
     def wants_features(self, request_id: str) -> bool:
         """Whether the engine should go on tapping and feeding this request's features: while DSpark's account
         is open, every request; while closed, only the explorers (one new request in `_EXPLORE_EVERY`, chosen
-        when it is first asked about). Lossless: it depends on arrival order and past rounds, not on tokens."""
+        when it is first asked about). A request declined is forgone from then on (`forgo_features`), whatever
+        the engine does next. Lossless: it depends on arrival order and past rounds, not on tokens."""
         if self.feature_drafter is None or request_id in self._forgone:
             return False
         if request_id not in self._seen:
@@ -140,7 +141,10 @@ class HybridDrafter:
             self._num_new += 1
             if not self.features_pay and self._num_new % _EXPLORE_EVERY == 0:
                 self._explorers.add(request_id)
-        return self.features_pay or request_id in self._explorers
+        keep = self.features_pay or request_id in self._explorers
+        if not keep:  # declined is forgone here at once: DSpark must never draft it from a context with a gap
+            self.forgo_features(request_id)  # (decoupled: the verify side hears of it with this round's reply)
+        return keep
 
     def forgo_features(self, request_id: str) -> None:
         """From now on this request is drafted from the cheap sources alone (`FeaturesOptional`): DSpark's
