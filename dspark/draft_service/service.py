@@ -83,11 +83,14 @@ class DraftService:
         features: torch.Tensor | None = message.get("features")
         offset = 0
         batch = []
+        declined = []  # the requests whose features the drafter no longer wants: the verify side forgoes them
         for req in requests:
             history = self._tokens.setdefault(req["id"], [])
             history.extend(req["new_tokens"])
             n = req["num_features"]
-            if n and features is not None and self.hidden_layers and not declines_features(self.drafter, req["id"]):
+            if declines_features(self.drafter, req["id"]):  # asked once, before its features: none is observed
+                declined.append(req["id"])
+            elif n and features is not None and self.hidden_layers:
                 self.drafter.observe(req["id"], features[offset:offset + n])  # type: ignore[union-attr]
             offset += n
             batch.append(DraftRequest(req["id"], list(history), req["temperature"], req.get("tenant", "")))
@@ -100,8 +103,6 @@ class DraftService:
             log.exception("draft round failed; drafting its requests one by one")
             usable = [r for r in usable if self._can_draft(r, message["max_num_tokens"])]
             out = self.drafter.propose(usable, message["max_num_tokens"])
-        # the requests whose features the drafter no longer wants: the verify side forgoes them (`wants_features`)
-        declined = [r.request_id for r in batch if declines_features(self.drafter, r.request_id)]
         if len(usable) == len(batch):
             return {"tokens": out.tokens, "probs": out.probs, "confidences": out.confidences,
                     "sources": out.sources, "num_proposals": out.num_proposals, "declined": declined}
