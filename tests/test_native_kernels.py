@@ -134,12 +134,15 @@ def test_native_attention_gives_each_token_what_it_gets_alone_in_pieces_of_any_s
                                                                                      hd: int) -> None:
     """Verify chunks of 1 + l tokens of one slot are one piece (their keys transposed once, their value rows read
     once a tile of query heads): every token's output is bit for bit what it gets in a step of its own, at
-    key counts on both sides of the 16-key blocks, and within bf16 rounding of an fp32 reference."""
+    key counts on both sides of the 16-key blocks (odd and even: bf16 P.V takes keys in pairs), and within bf16
+    rounding of an fp32 reference; the unwritten (NaN) cache rows past a slot's keys change nothing."""
     gen = torch.Generator().manual_seed(5)
     num_heads, num_kv, max_len = 9, 3, 64
     k_cache = torch.randn(4, max_len, num_kv, hd, generator=gen).to(dtype)
     v_cache = torch.randn(4, max_len, num_kv, hd, generator=gen).to(dtype)
     starts, lengths = [15, 0, 31, 40], [5, 8, 2, 1]  # chunks of 5, 8, 2 and 1 token(s) over slots 0..3
+    for s, (p, n) in enumerate(zip(starts, lengths)):  # rows past a slot's keys never written: nothing of them leaks
+        k_cache[s, p + n:] = v_cache[s, p + n:] = float("nan")
     key_row = torch.tensor([s * max_len for s, n in enumerate(lengths) for _ in range(n)])
     num_keys = torch.tensor([p + i + 1 for p, n in zip(starts, lengths) for i in range(n)])
     qk = torch.randn(len(key_row), num_heads + 2 * num_kv, hd, generator=gen).to(dtype)

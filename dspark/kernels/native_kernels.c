@@ -466,7 +466,10 @@ static inline __attribute__((always_inline)) void prefetch_rows(const void *base
  * whole), else one KV head each. Keys (and values) go in blocks of 16: a block's scores for one query head
  * are 16 dot products folded into one vector (head_dim a multiple of 16; `hd` is a literal 64 for the common
  * head size, so the chunk loops unroll). In bf16 a block is widened once into an fp32 buffer that serves all
- * the item's queries and heads.
+ * the item's queries and heads; with AVX512-BF16 (hd a multiple of 32) nothing is widened: the scores are
+ * VDPBF16PS chains over a transposed key block, and P·V multiplies bf16 probability pairs by interleaved value
+ * row pairs read straight from the cache (pv_tile_bf16), the probabilities rounded to bf16 as HF's eager bf16
+ * attention rounds them.
  * Row invariance: every query runs the same operations in the same order whatever piece or item it falls in
  * (the same blocks of 16 from its first key, its own accumulators, its own softmax), so a token's result is
  * bit for bit the same whether its step carries 1 token or 256. */
@@ -521,6 +524,62 @@ static inline __attribute__((always_inline)) void pv_tile(const int64_t cnt, con
   for (int64_t x = 0; x < cnt; x++)
     for (int64_t c = 0; c < nc; c++) a[x][c] = acc[x * nc + c];
 }
+
+#ifdef __AVX512BF16__
+/* A query head's n_max probabilities, in place, as bf16 pairs of keys: pair k = bf16(p[2k]) | bf16(p[2k + 1]) << 16
+ * (round to nearest even), the key past n_max 0. P·V then multiplies bf16 pairs as the QK scores do; rounding the
+ * probabilities to bf16 before P·V is what HF's eager bf16 attention (softmax in fp32, then cast) and flash attention
+ * do. Each 32-float chunk is read before its 16 pairs are written over its first half, so in place is safe. */
+static inline void probs_to_pairs(float *p, int64_t n) {
+  uint32_t *pp = (uint32_t *)p;
+  for (int64_t j = 0; j < n; j += 32) {
+    int64_t left = n - j, pairs = left >= 32 ? 16 : (left + 1) / 2;
+    __mmask16 m0 = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
+    __mmask16 m1 = left >= 32 ? (__mmask16)0xFFFF : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1u);
+    __m512 a = _mm512_maskz_loadu_ps(m0, p + j), b = _mm512_maskz_loadu_ps(m1, p + j + 16);
+    __m512i h = (__m512i)_mm512_cvtne2ps_pbh(b, a); /* bf16 lanes 0..15 from a, 16..31 from b */
+    _mm512_mask_storeu_epi32(pp + j / 2, pairs == 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << pairs) - 1u), h);
+  }
+}
+
+/* P·V in bf16 for a tile of cnt query heads reading one KV head (hd a multiple of 32): for each pair of the
+ * block's nb value rows (read once for the tile, the row past nb as zeros), the two rows interleaved by words
+ * (VPUNPCK{L,H}WD: dword lane i of a 32-dim chunk's `lo` holds dim 8 (i / 4) + i % 4 of both rows, `hi` the
+ * dims 4 above), then every query head's sums += its probability pair . the row pair, one VDPBF16PS chain per
+ * (head, half-chunk), pairs in order. The sums hold each chunk's dims in that interleaved order (pairs_in_order
+ * puts them back). As in pv_tile, a query's sums take the same operations whatever tile, piece or step. */
+static inline __attribute__((always_inline)) void pv_tile_bf16(const int64_t cnt, const uint32_t *const *pp,
+                                                               vf16 *const *a, const uint16_t *vh, int64_t stride,
+                                                               int64_t nb, const int64_t nc) {
+  __m512 acc[PV_ACC > ATTN_MAX_HD / 16 ? PV_ACC : ATTN_MAX_HD / 16];
+  for (int64_t x = 0; x < cnt; x++)
+    for (int64_t c = 0; c < nc; c++) acc[x * nc + c] = (__m512)a[x][c];
+  for (int64_t j = 0; j < nb; j += 2) {
+    __m512i v[ATTN_MAX_HD / 16];
+    for (int64_t c = 0; c < nc / 2; c++) {
+      __m512i r0 = _mm512_loadu_si512(vh + j * stride + 32 * c);
+      __m512i r1 = j + 1 < nb ? _mm512_loadu_si512(vh + (j + 1) * stride + 32 * c) : _mm512_setzero_si512();
+      v[2 * c] = _mm512_unpacklo_epi16(r0, r1);
+      v[2 * c + 1] = _mm512_unpackhi_epi16(r0, r1);
+    }
+    for (int64_t x = 0; x < cnt; x++) {
+      __m512bh pj = (__m512bh)_mm512_set1_epi32((int)pp[x][j / 2]);
+      for (int64_t c = 0; c < nc; c++) acc[x * nc + c] = _mm512_dpbf16_ps(acc[x * nc + c], pj, (__m512bh)v[c]);
+    }
+  }
+  for (int64_t x = 0; x < cnt; x++)
+    for (int64_t c = 0; c < nc; c++) a[x][c] = (vf16)acc[x * nc + c];
+}
+
+/* pv_tile_bf16's sums (nc vectors: per 32-dim chunk its `lo` then its `hi`) as hd floats in dim order. */
+static inline void pairs_in_order(const float *s, float *out, int64_t nc) {
+  for (int64_t c = 0; c < nc / 2; c++)
+    for (int64_t i = 0; i < 16; i++) {
+      out[32 * c + 8 * (i / 4) + i % 4] = s[32 * c + i];
+      out[32 * c + 8 * (i / 4) + 4 + i % 4] = s[32 * c + 16 + i];
+    }
+}
+#endif
 
 static inline __attribute__((always_inline)) void attention_generic(
     int64_t T, const void *q, int64_t q_stride, const void *k_cache, const void *v_cache, const int64_t *key_row,
@@ -638,7 +697,41 @@ static inline __attribute__((always_inline)) void attention_generic(
       }
     }
     int64_t nx = nq * group, tile = PV_ACC / nc > PV_TILE ? PV_TILE : PV_ACC / nc;
+#ifdef __AVX512BF16__
+    const int pv_pairs = bf16 && hd % 32 == 0;
+    if (pv_pairs) { /* probabilities as bf16 pairs, value rows straight from the cache (no widening) */
+      for (int64_t i = 0; i < nq; i++)
+        for (int64_t hg = 0; hg < hq; hg++)
+          probs_to_pairs(probs + ((t0 + i) * num_heads + h0 * group + hg) * max_keys, n_max);
+      for (int64_t j0 = 0; j0 < n_max; j0 += KEYS) {
+        int64_t nb_max = n_max - j0 < KEYS ? n_max - j0 : KEYS;
+        prefetch_rows(v_cache, k0 + (j0 + KEYS) * nkv, n_max - j0 - KEYS, nkv, width, bf16);
+        for (int64_t kh = 0; kh < heads; kh++)
+          for (int64_t x0 = 0; x0 < nx; x0 += tile) {
+            int64_t cnt = nx - x0 < tile ? nx - x0 : tile;
+            const uint32_t *pr[PV_TILE];
+            vf16 *ar[PV_TILE];
+            for (int64_t x = 0; x < cnt; x++) {
+              int64_t i = (x0 + x) / group, hg = kh * group + (x0 + x) % group;
+              pr[x] = (const uint32_t *)(probs + ((t0 + i) * num_heads + h0 * group + hg) * max_keys) + j0 / 2;
+              ar[x] = acc_all + (i * hq + hg) * nc;
+            }
+            const uint16_t *vh = (const uint16_t *)v_cache + k0 + j0 * nkv + kh * hd;
+            switch (cnt) {
+              case 6: pv_tile_bf16(6, pr, ar, vh, nkv, nb_max, nc); break;
+              case 5: pv_tile_bf16(5, pr, ar, vh, nkv, nb_max, nc); break;
+              case 4: pv_tile_bf16(4, pr, ar, vh, nkv, nb_max, nc); break;
+              case 3: pv_tile_bf16(3, pr, ar, vh, nkv, nb_max, nc); break;
+              case 2: pv_tile_bf16(2, pr, ar, vh, nkv, nb_max, nc); break;
+              default: pv_tile_bf16(1, pr, ar, vh, nkv, nb_max, nc); break;
+            }
+          }
+      }
+    }
+    for (int64_t j0 = 0; j0 < (pv_pairs ? 0 : n_max); j0 += KEYS) {
+#else
     for (int64_t j0 = 0; j0 < n_max; j0 += KEYS) {
+#endif
       int64_t nb_max = n_max - j0 < KEYS ? n_max - j0 : KEYS;
       const float *vb = bf16 ? blk : (const float *)v_cache + k0 + j0 * nkv;
       prefetch_rows(v_cache, k0 + (j0 + KEYS) * nkv, n_max - j0 - KEYS, nkv, width, bf16);
@@ -669,6 +762,10 @@ static inline __attribute__((always_inline)) void attention_generic(
       for (int64_t hg = 0; hg < hq; hg++) {
         int64_t at = (t0 + i) * num_heads * hd + (h0 * group + hg) * hd;
         const float *a = (const float *)(acc_all + (i * hq + hg) * nc);
+#ifdef __AVX512BF16__
+        float ordered[ATTN_MAX_HD];
+        if (pv_pairs) pairs_in_order(a, ordered, nc), a = ordered;
+#endif
         if (bf16)
           for (int64_t x = 0; x < hd; x++) ((uint16_t *)out)[at + x] = f32_to_bf16(a[x]);
         else
