@@ -450,12 +450,14 @@ static void silu_mul_range(const float *restrict g, const float *restrict u, flo
 }
 
 /* Software prefetch of the next block's cache rows (up to 16 of them; `count` may be <= 0): `width` elements
- * of each, rows `stride` elements apart. */
+ * of each, rows `stride` elements apart, into L2 (PREFETCHT1): a block's 96 lines prefetched into L1 took the
+ * L1's miss buffers from the loads the kernel was waiting on (Zen 4, 30 layers' caches from DRAM: 1 query a
+ * slot at 32 slots 510 -> 390 us, 8 slots x 2 queries 184 -> 126 us). */
 static inline __attribute__((always_inline)) void prefetch_rows(const void *base, int64_t at, int64_t count,
                                                                  int64_t stride, int64_t width, int bf16) {
   int64_t size = bf16 ? 2 : 4, bytes = width * size;
   for (int64_t j = 0; j < (count < 16 ? count : 16); j++)
-    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)base + (at + j * stride) * size + b);
+    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)base + (at + j * stride) * size + b, 0, 2);
 }
 
 /* Work is cut into pieces: runs of consecutive tokens that read the same slot from the same first key (the
