@@ -95,3 +95,49 @@ def test_a_step_with_riding_prompts_is_the_table_shifted_by_their_tokens(extra: 
     # one more token costs a step with prompts a smaller share of its time: the scheduler verifies more
     if extra:
         assert shifted.sps(9) / shifted.sps(8) > table.sps(9) / table.sps(8)
+
+
+# measured in one run (SmolLM2 bf16, Zen 4): the single curve in chunks of 8 tokens, and per request count
+ZEN4_LIKE = SPSTable([1, 8, 16, 32, 64], [13.2, 16.8, 23.8, 35.4, 61.3], by_requests={
+    1: SPSTable([1, 2, 4, 8], [13.2, 13.6, 14.5, 16.8]),
+    8: SPSTable([8, 16, 32, 64], [18.3, 24.5, 36.6, 61.3]),
+    16: SPSTable([16, 32, 64, 128], [26.4, 40.1, 60.5, 113.3]),
+    32: SPSTable([32, 64, 128, 256], [42.0, 65.8, 118.7, 223.5])})
+
+
+def test_a_step_of_r_requests_reads_the_curve_measured_for_r_requests() -> None:
+    """At a measured request count the curve itself; between two, their times at the same number of tokens past
+    the requests' own blended linearly; past the last (or below the first), the nearest curve from its start."""
+    assert SPSTable([1, 8], [10.0, 12.0]).for_requests(5).step_time_ms_at(9) == 12.0 + 2.0 / 7  # no curves: itself
+    for r, curve in ZEN4_LIKE.by_requests.items():
+        for n in (r, r + 3, 2 * r, 8 * r):
+            assert ZEN4_LIKE.for_requests(r).step_time_ms_at(n) == pytest.approx(curve.step_time_ms_at(n))
+    twelve = ZEN4_LIKE.for_requests(12)
+    for extra in (0, 4, 12, 40):
+        blend = 0.5 * ZEN4_LIKE.by_requests[8].step_time_ms_at(8 + extra) + \
+            0.5 * ZEN4_LIKE.by_requests[16].step_time_ms_at(16 + extra)
+        assert twelve.step_time_ms_at(12 + extra) == pytest.approx(blend)
+    nearest = ZEN4_LIKE.by_requests[32].step_time_ms_at(36)
+    assert ZEN4_LIKE.for_requests(40).step_time_ms_at(44) == pytest.approx(nearest)
+    # 32 one-token requests cost more than the single curve's 32 tokens (4 requests of 8), and 8 tokens more add
+    # a smaller share of that step: Algorithm 1 weighs a token by that share
+    at32 = ZEN4_LIKE.for_requests(32)
+    assert at32.step_time_ms_at(32) > ZEN4_LIKE.step_time_ms_at(32)
+    single = ZEN4_LIKE.step_time_ms_at(40) / ZEN4_LIKE.step_time_ms_at(32)
+    assert at32.step_time_ms_at(40) / at32.step_time_ms_at(32) < single
+
+
+def test_per_request_curves_survive_the_file_the_monotone_fit_and_riding_prompts(tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    ZEN4_LIKE.save(path)
+    loaded = SPSTable.from_file(path)
+    assert loaded.to_dict() == ZEN4_LIKE.to_dict() and set(loaded.by_requests) == {1, 8, 16, 32}
+    jagged = SPSTable([1, 2], [1.0, 2.0], by_requests={4: SPSTable([4, 8, 16], [5.0, 4.0, 9.0])}).monotone()
+    assert jagged.by_requests[4].step_time_ms == [4.5, 4.5, 9.0]
+    shifted = ZEN4_LIKE.with_base_tokens(5)
+    for r in (1, 8, 12, 32):
+        for n in (r, r + 1, r + 7, 3 * r):
+            later = ZEN4_LIKE.for_requests(r).step_time_ms_at(n + 5)
+            assert shifted.for_requests(r).step_time_ms_at(n) == pytest.approx(later)
+    with pytest.raises(ValueError, match="must start at >= 8 tokens"):
+        SPSTable([1, 2], [1.0, 2.0], by_requests={8: SPSTable([4, 8], [1.0, 2.0])})
