@@ -26,10 +26,6 @@ def test_startup_profile_times_an_odd_number_of_rounds_and_names_the_machine(tin
     assert profiles.STARTUP_REPEATS % 2 == 1
     assert table.meta["measured_at_startup_s"] < 60 and table.meta["dtype"] == "float32"
     assert table.monotone().step_time_ms == sorted(table.monotone().step_time_ms)
-    # per request count: r requests of 1, 2, 4 tokens where r * tokens is within the grid (64)
-    assert list(table.by_requests) == list(profiles.REQUEST_COUNTS)
-    assert table.by_requests[32].tokens_per_step == [32, 64] and table.by_requests[4].tokens_per_step == [4, 8, 16]
-    assert table.for_requests(32).step_time_ms_at(64) == table.by_requests[32].step_time_ms_at(64)
 
 
 def test_a_profile_measured_here_is_kept_per_kernel_build_and_found_again(tiny_target, tmp_path,

@@ -121,7 +121,7 @@ class ClusterScheduler:
         tokens_per_request = load.tokens_per_step / max(load.num_running, 1) if load.num_running else 1.0
 
         def throughput(num: int) -> float:
-            return num * tau * sps.for_requests(num).sps(max(1, round(num * tokens_per_request)))
+            return num * tau * sps.sps(max(1, round(num * tokens_per_request)))
 
         return throughput(n + 1) - throughput(n)
 

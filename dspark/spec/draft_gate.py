@@ -158,7 +158,7 @@ class DraftGate:
             return state.plain_ms
         if state is not None and state.plain_estimate_ms is not None:
             return state.plain_estimate_ms
-        return sps.for_requests(batch_size).step_time_ms_at(batch_size)
+        return sps.step_time_ms_at(batch_size)
 
     def record_plain(self, batch_size: int, round_ms: float) -> None:
         """Fold in a round that verified no draft (skipped, or nothing drafted)."""
@@ -184,8 +184,7 @@ class DraftGate:
             return 1.0
         state = self._state(batch_size)
         if verify_ms > 0.0:
-            curve = sps.for_requests(batch_size)
-            est = verify_ms * curve.step_time_ms_at(batch_size) / curve.step_time_ms_at(batch_size + num_verified)
+            est = verify_ms * sps.step_time_ms_at(batch_size) / sps.step_time_ms_at(batch_size + num_verified)
             a = self.smoothing if state.plain_estimate_ms is not None else 0.0
             state.plain_estimate_ms = a * (state.plain_estimate_ms or 0.0) + (1.0 - a) * est
         overhead = self.overhead_ms

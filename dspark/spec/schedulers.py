@@ -86,7 +86,6 @@ class GreedyEarlyStop:
         lengths = [0] * num_requests
         if num_requests == 0:
             return lengths
-        sps = sps.for_requests(num_requests)  # the curve of a step of this many requests, where measured
         num_tokens = num_requests
         expected_accepts = float(num_requests)
         best_theta = expected_accepts * sps.sps(num_tokens)
@@ -178,7 +177,6 @@ def global_capacity(survival: list[list[float]], sps: SPSTable) -> int:
     num_requests = len(survival)
     if num_requests == 0:
         return 0
-    sps = sps.for_requests(num_requests)
     expected_accepts = float(num_requests)
     best_theta = expected_accepts * sps.sps(num_requests)
     best_capacity = 0

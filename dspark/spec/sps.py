@@ -1,9 +1,7 @@
 """SPS(B): target steps per second as a function of tokens per verification step.
 
 Profiled once per device / model / dtype and stored as JSON:
-``{"tokens_per_step": [...], "step_time_ms": [...], "meta": {...}}``, optionally with
-``"by_requests": {"8": {"tokens_per_step": [...], "step_time_ms": [...]}, ...}``: the same curve measured
-for steps of a given number of requests (`SPSTable.for_requests`).
+``{"tokens_per_step": [...], "step_time_ms": [...], "meta": {...}}``.
 """
 
 from __future__ import annotations
@@ -28,46 +26,11 @@ class SPSTable:
     tokens_per_step: list[int]
     step_time_ms: list[float]
     meta: dict[str, Any] = field(default_factory=dict)
-    # curves of steps that carry exactly r requests (r -> table over total tokens, all >= r); empty: unknown
-    by_requests: dict[int, SPSTable] = field(default_factory=dict)
-    _views: dict[int, SPSTable] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.tokens_per_step = [int(n) for n in self.tokens_per_step]
         self.step_time_ms = [float(t) for t in self.step_time_ms]
         _validate(self.tokens_per_step, self.step_time_ms)
-        self.by_requests = {int(r): t for r, t in sorted(self.by_requests.items())}
-        for r, table in self.by_requests.items():
-            if r < 1 or table.tokens_per_step[0] < r:
-                raise ValueError(f"the curve of {r} requests must start at >= {r} tokens, got {table.tokens_per_step}")
-
-    def for_requests(self, num_requests: int) -> SPSTable:
-        """The step-time curve of a step that carries `num_requests` requests: T(n) for n >= num_requests
-        tokens (one per request, the rest verified drafts). A step's time depends on how its tokens split into
-        requests, not on their count alone: each request's attention reads its own cached keys and values (Zen 4,
-        SmolLM2 bf16: 32 tokens took 35 ms as 4 requests of 8 and 42 ms as 32 of 1; 32 tokens more, 26 and 24 ms).
-        The profile's single curve (chunks of 8 tokens) priced a verified token at 32 requests at 1.7x its
-        share of the real step. From the curves measured per request count (`by_requests`): as a function of the
-        tokens past the requests' own, e = n - r, the two nearest measured counts' curves blended linearly in r
-        (the nearest one outside them). Without such curves: this table."""
-        if not self.by_requests or num_requests < 1:
-            return self
-        view = self._views.get(num_requests)
-        if view is None:
-            counts = list(self.by_requests)
-            if num_requests <= counts[0] or num_requests >= counts[-1]:
-                lo_r = hi_r = counts[0] if num_requests <= counts[0] else counts[-1]
-            else:
-                hi = bisect.bisect_left(counts, num_requests)  # counts[hi - 1] < num_requests <= counts[hi]
-                lo_r, hi_r = (counts[hi], counts[hi]) if counts[hi] == num_requests else (counts[hi - 1], counts[hi])
-            lo_t, hi_t = self.by_requests[lo_r], self.by_requests[hi_r]
-            w = 0.0 if hi_r == lo_r else (num_requests - lo_r) / (hi_r - lo_r)
-            extras = sorted({0, *(x - lo_r for x in lo_t.tokens_per_step if x >= lo_r),
-                             *(x - hi_r for x in hi_t.tokens_per_step if x >= hi_r)})
-            times = [(1 - w) * lo_t.step_time_ms_at(lo_r + e) + w * hi_t.step_time_ms_at(hi_r + e) for e in extras]
-            view = SPSTable([num_requests + e for e in extras], times, {**self.meta, "num_requests": num_requests})
-            self._views[num_requests] = view
-        return view
 
     def step_time_ms_at(self, num_tokens: int) -> float:
         """Step time for ``num_tokens`` tokens per step.
@@ -104,12 +67,7 @@ class SPSTable:
         if len(xs) == 1 and len(self.tokens_per_step) > 1:  # past the measured points: keep the last slope
             xs.append(2)
             ys.append(self.step_time_ms_at(2 + extra_tokens))
-        # the riders' tokens are prompt tokens, not requests: a curve of r requests is read extra_tokens further on
-        by_requests = {}
-        for r, t in self.by_requests.items():
-            rx = [r, r + 1] + [x - extra_tokens for x in t.tokens_per_step if x - extra_tokens > r + 1]
-            by_requests[r] = SPSTable(rx, [t.step_time_ms_at(x + extra_tokens) for x in rx])
-        return SPSTable(xs, ys, {**self.meta, "base_tokens": extra_tokens}, by_requests)
+        return SPSTable(xs, ys, {**self.meta, "base_tokens": extra_tokens})
 
     def monotone(self) -> SPSTable:
         """A copy whose step times never fall as tokens grow (isotonic least-squares fit).
@@ -126,21 +84,15 @@ class SPSTable:
                 blocks[-1][0] += total
                 blocks[-1][1] += count
         fitted = [total / count for total, count in blocks for _ in range(int(count))]
-        return SPSTable(list(self.tokens_per_step), fitted, {**self.meta, "monotone": True},
-                        {r: t.monotone() for r, t in self.by_requests.items()})
+        return SPSTable(list(self.tokens_per_step), fitted, {**self.meta, "monotone": True})
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready form (see module docstring)."""
-        out: dict[str, Any] = {
+        return {
             "tokens_per_step": list(self.tokens_per_step),
             "step_time_ms": list(self.step_time_ms),
             "meta": dict(self.meta),
         }
-        if self.by_requests:
-            out["by_requests"] = {str(r): {"tokens_per_step": list(t.tokens_per_step),
-                                           "step_time_ms": list(t.step_time_ms)}
-                                  for r, t in self.by_requests.items()}
-        return out
 
     def save(self, path: str | Path) -> None:
         """Write the profile as JSON to ``path``."""
@@ -152,14 +104,10 @@ class SPSTable:
         missing = [key for key in ("tokens_per_step", "step_time_ms") if key not in d]
         if missing:
             raise ValueError(f"SPS profile is missing keys {missing}")
-        by_requests = d.get("by_requests") or {}
-        if not isinstance(by_requests, dict):
-            raise ValueError(f"SPS profile's by_requests must be an object, got {type(by_requests).__name__}")
         return cls(
             tokens_per_step=list(d["tokens_per_step"]),
             step_time_ms=list(d["step_time_ms"]),
             meta=dict(d.get("meta") or {}),
-            by_requests={int(r): cls.from_dict(t) for r, t in by_requests.items()},
         )
 
     @classmethod

@@ -13,11 +13,9 @@ from dspark.spec.schedulers import (
     GlobalSearch,
     GreedyEarlyStop,
     Threshold,
-    global_capacity,
     make_scheduler,
 )
 from dspark.spec.sps import SPSTable
-from tests.spec.test_sps import ZEN4_LIKE
 
 FLAT_SPS = SPSTable(tokens_per_step=[1, 1024], step_time_ms=[10.0, 10.5])  # light load
 STEEP_SPS = SPSTable(tokens_per_step=[1, 2], step_time_ms=[10.0, 20.0])  # time ~ tokens
@@ -157,14 +155,3 @@ def test_make_scheduler_rejects_unknown_names_and_options() -> None:
         make_scheduler("oracle")
     with pytest.raises(ValueError, match="bad options"):
         make_scheduler("greedy", k=3)
-
-
-def test_algorithm_1_prices_a_token_by_the_curve_of_its_steps_request_count() -> None:
-    """32 one-token requests read 32 contexts: their step is longer than the single curve's 32 tokens in chunks
-    of 8, and one more verified token a smaller share of it. A draft token of survival 0.65 does not pay on the
-    single curve (it needs ~0.73 there) and does on the curve of 32 requests (~0.57), in both schedulers."""
-    survival = [[0.65]] + [[] for _ in range(31)]
-    one_curve = SPSTable(ZEN4_LIKE.tokens_per_step, ZEN4_LIKE.step_time_ms)
-    assert GreedyEarlyStop().schedule(survival, one_curve)[0] == 0
-    assert GreedyEarlyStop().schedule(survival, ZEN4_LIKE)[0] == 1
-    assert global_capacity(survival, one_curve) == 0 and global_capacity(survival, ZEN4_LIKE) == 1

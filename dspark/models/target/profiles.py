@@ -41,11 +41,6 @@ STARTUP_CONTEXT = 64
 STARTUP_REPEATS = 3  # odd: the median of each size drops one burst of noise
 STARTUP_MIN_TIME_S = 1.0  # more rounds while they fit: a tiny model's ~1 ms steps get a stable median
 STARTUP_MAX_REPEATS = 25
-# steps of r requests of t tokens each, for the per-request-count curves (`SPSTable.for_requests`); a step of
-# r * t tokens is measured where the table's grid reaches that far
-REQUEST_COUNTS = (1, 2, 4, 8, 16, 32)
-TOKENS_EACH = (1, 2, 4, 8)
-STARTUP_TOKENS_EACH = (1, 2, 4)
 
 
 def shipped_dir() -> Path:
@@ -144,7 +139,7 @@ def measure_startup_profile(target: TargetModel) -> SPSTable:
     t0 = time.perf_counter()
     table = profile_target(target, STARTUP_GRID, context_len=STARTUP_CONTEXT, num_repeats=STARTUP_REPEATS,
                            num_warmup=1, show_progress=False, min_time_s=STARTUP_MIN_TIME_S,
-                           max_repeats=STARTUP_MAX_REPEATS, tokens_each=STARTUP_TOKENS_EACH)
+                           max_repeats=STARTUP_MAX_REPEATS)
     table.meta.update(machine_identity(target.name, target.device, target.dtype))
     table.meta["measured_at_startup_s"] = round(time.perf_counter() - t0, 1)
     log.info("SPS profile measured in %.1f s", table.meta["measured_at_startup_s"])
@@ -187,17 +182,13 @@ def _sync(device: torch.device) -> None:
 def profile_target(target: TargetModel, grid: tuple[int, ...] = DEFAULT_GRID, context_len: int = 256,
                    tokens_per_request: int = 8, num_repeats: int = 5, num_warmup: int = 2,
                    show_progress: bool = True, row_invariant: bool = True, min_time_s: float = 0.0,
-                   max_repeats: int | None = None, request_counts: tuple[int, ...] = REQUEST_COUNTS,
-                   tokens_each: tuple[int, ...] = TOKENS_EACH) -> SPSTable:
+                   max_repeats: int | None = None) -> SPSTable:
     """Median step time of verification-shaped batches: B tokens as ⌈B/8⌉ requests of ≤ 8 tokens,
     each over `context_len` cached tokens (the shape a verify step has). `row_invariant`: the verify
     engine's kernels (the default; what the schedulers' profile describes), else the generation path's.
     After `num_repeats` rounds, further rounds while the timing has taken less than `min_time_s` (up to
-    `max_repeats`): fast steps get enough samples for their median to drop a burst of noise.
-    Also, per r of `request_counts`, steps of r requests of t tokens each (t of `tokens_each`, r * t within
-    the grid): the table's `by_requests` curves, for steps whose requests are many and short."""
-    shapes = [(r, t) for r in request_counts for t in tokens_each if r * t <= max(grid) and t <= tokens_per_request]
-    max_reqs = max([-(-max(grid) // tokens_per_request)] + [r for r, _ in shapes])
+    `max_repeats`): fast steps get enough samples for their median to drop a burst of noise."""
+    max_reqs = -(-max(grid) // tokens_per_request)
     runner = TargetRunner(target.model, max_reqs, context_len + tokens_per_request + 1, row_invariant=row_invariant)
     slots = [runner.cache.allocate() for _ in range(max_reqs)]
     gen = torch.Generator().manual_seed(0)
@@ -209,14 +200,13 @@ def profile_target(target: TargetModel, grid: tuple[int, ...] = DEFAULT_GRID, co
         if num_tokens % tokens_per_request:
             sizes.append(num_tokens % tokens_per_request)
         batches.append([SeqChunk(slots[i], context_len, ctx[:n], n) for i, n in enumerate(sizes)])
-    batches += [[SeqChunk(slots[i], context_len, ctx[:t], t) for i in range(r)] for r, t in shapes]
     for chunks in batches:
         for _ in range(num_warmup):
             runner.forward(chunks)
     # round-robin: each repeat times every size once, so a burst of noise from a shared host lands on
     # one sample of many sizes (the median drops it) instead of on every sample of one size
-    samples: list[list[float]] = [[] for _ in batches]
-    bar = tqdm(total=num_repeats * len(batches), desc="profile", unit="step", disable=not show_progress)
+    samples: list[list[float]] = [[] for _ in grid]
+    bar = tqdm(total=num_repeats * len(grid), desc="profile", unit="step", disable=not show_progress)
     max_repeats = max(num_repeats, max_repeats or num_repeats)
     started = time.perf_counter()
     for round_ in range(max_repeats):
@@ -230,11 +220,7 @@ def profile_target(target: TargetModel, grid: tuple[int, ...] = DEFAULT_GRID, co
             out.append((time.perf_counter() - t0) * 1e3)
             bar.update()
     bar.close()
-    times_ms = [statistics.median(s) for s in samples[:len(grid)]]
-    shape_ms = dict(zip(shapes, (statistics.median(s) for s in samples[len(grid):])))
-    by_requests = {r: SPSTable([r * t for t in tokens_each if (r, t) in shape_ms],
-                               [shape_ms[r, t] for t in tokens_each if (r, t) in shape_ms])
-                   for r in request_counts if any((r, t) in shape_ms for t in tokens_each)}
+    times_ms = [statistics.median(s) for s in samples]
     meta = {**machine_identity(target.name, target.device, target.dtype),
             "num_threads": torch.get_num_threads(), "context_len": context_len,
             "tokens_per_request": tokens_per_request, "num_repeats": len(samples[0]),
@@ -244,4 +230,4 @@ def profile_target(target: TargetModel, grid: tuple[int, ...] = DEFAULT_GRID, co
     if 1 in by_tokens:  # the number that decides when speculation pays: T(1 + ℓ) / T(1) at batch 1
         meta["verify_cost_ratio"] = {str(n - 1): round(by_tokens[n] / by_tokens[1], 3)
                                      for n in (2, 4, 8) if n in by_tokens and n <= tokens_per_request}
-    return SPSTable(tokens_per_step=list(grid), step_time_ms=times_ms, meta=meta, by_requests=by_requests)
+    return SPSTable(tokens_per_step=list(grid), step_time_ms=times_ms, meta=meta)
