@@ -509,6 +509,16 @@ static inline __attribute__((always_inline)) void transpose16_dw(__m512i r[16]) 
  * order. A query's sums take the same operations in the same order whatever tile, piece or step it is in. */
 #define PV_ACC 24
 #define PV_TILE 6
+/* fn(cnt, ...) with cnt a literal 1 .. PV_TILE (hd one where it is 64): the tile's sums stay in registers */
+#define PV_DISPATCH(fn, cnt, ...)                                                                                    \
+  switch (cnt) {                                                                                                     \
+    case 6: fn(6, __VA_ARGS__); break;                                                                               \
+    case 5: fn(5, __VA_ARGS__); break;                                                                               \
+    case 4: fn(4, __VA_ARGS__); break;                                                                               \
+    case 3: fn(3, __VA_ARGS__); break;                                                                               \
+    case 2: fn(2, __VA_ARGS__); break;                                                                               \
+    default: fn(1, __VA_ARGS__); break;                                                                              \
+  }
 static inline __attribute__((always_inline)) void pv_tile(const int64_t cnt, const float *const *p, vf16 *const *a,
                                                           const float *vh, int64_t stride, int64_t nb,
                                                           const int64_t nc) {
@@ -550,7 +560,7 @@ static inline void probs_to_pairs(float *p, int64_t n) {
  * dims 4 above), then every query head's sums += its probability pair . the row pair, one VDPBF16PS chain per
  * (head, half-chunk), pairs in order. The sums hold each chunk's dims in that interleaved order (pairs_in_order
  * puts them back). As in pv_tile, a query's sums take the same operations whatever tile, piece or step. */
-static inline __attribute__((always_inline)) void pv_tile_bf16(const int64_t cnt, const uint32_t *const *pp,
+static inline __attribute__((always_inline)) void pv_tile_bf16(const int64_t cnt, const float *const *pp,
                                                                vf16 *const *a, const uint16_t *vh, int64_t stride,
                                                                int64_t nb, const int64_t nc) {
   __m512 acc[PV_ACC > ATTN_MAX_HD / 16 ? PV_ACC : ATTN_MAX_HD / 16];
@@ -565,7 +575,7 @@ static inline __attribute__((always_inline)) void pv_tile_bf16(const int64_t cnt
       v[2 * c + 1] = _mm512_unpackhi_epi16(r0, r1);
     }
     for (int64_t x = 0; x < cnt; x++) {
-      __m512bh pj = (__m512bh)_mm512_set1_epi32((int)pp[x][j / 2]);
+      __m512bh pj = (__m512bh)_mm512_set1_epi32(((const dp_i32 *)pp[x])[j / 2]); /* the pair (j, j + 1) */
       for (int64_t c = 0; c < nc; c++) acc[x * nc + c] = _mm512_dpbf16_ps(acc[x * nc + c], pj, (__m512bh)v[c]);
     }
   }
@@ -699,45 +709,19 @@ static inline __attribute__((always_inline)) void attention_generic(
       }
     }
     int64_t nx = nq * group, tile = PV_ACC / nc > PV_TILE ? PV_TILE : PV_ACC / nc;
+    int pv_pairs = 0; /* bf16 P·V on pairs of keys (pv_tile_bf16): probabilities as bf16 pairs, no widening */
 #ifdef __AVX512BF16__
-    const int pv_pairs = bf16 && hd % 32 == 0;
-    if (pv_pairs) { /* probabilities as bf16 pairs, value rows straight from the cache (no widening) */
+    pv_pairs = bf16 && hd % 32 == 0;
+    if (pv_pairs)
       for (int64_t i = 0; i < nq; i++)
         for (int64_t hg = 0; hg < hq; hg++)
           probs_to_pairs(probs + ((t0 + i) * num_heads + h0 * group + hg) * max_keys, n_max);
-      for (int64_t j0 = 0; j0 < n_max; j0 += KEYS) {
-        int64_t nb_max = n_max - j0 < KEYS ? n_max - j0 : KEYS;
-        prefetch_rows(v_cache, k0 + (j0 + KEYS) * nkv, n_max - j0 - KEYS, nkv, width, bf16);
-        for (int64_t kh = 0; kh < heads; kh++)
-          for (int64_t x0 = 0; x0 < nx; x0 += tile) {
-            int64_t cnt = nx - x0 < tile ? nx - x0 : tile;
-            const uint32_t *pr[PV_TILE];
-            vf16 *ar[PV_TILE];
-            for (int64_t x = 0; x < cnt; x++) {
-              int64_t i = (x0 + x) / group, hg = kh * group + (x0 + x) % group;
-              pr[x] = (const uint32_t *)(probs + ((t0 + i) * num_heads + h0 * group + hg) * max_keys) + j0 / 2;
-              ar[x] = acc_all + (i * hq + hg) * nc;
-            }
-            const uint16_t *vh = (const uint16_t *)v_cache + k0 + j0 * nkv + kh * hd;
-            switch (cnt) {
-              case 6: pv_tile_bf16(6, pr, ar, vh, nkv, nb_max, nc); break;
-              case 5: pv_tile_bf16(5, pr, ar, vh, nkv, nb_max, nc); break;
-              case 4: pv_tile_bf16(4, pr, ar, vh, nkv, nb_max, nc); break;
-              case 3: pv_tile_bf16(3, pr, ar, vh, nkv, nb_max, nc); break;
-              case 2: pv_tile_bf16(2, pr, ar, vh, nkv, nb_max, nc); break;
-              default: pv_tile_bf16(1, pr, ar, vh, nkv, nb_max, nc); break;
-            }
-          }
-      }
-    }
-    for (int64_t j0 = 0; j0 < (pv_pairs ? 0 : n_max); j0 += KEYS) {
-#else
-    for (int64_t j0 = 0; j0 < n_max; j0 += KEYS) {
 #endif
+    for (int64_t j0 = 0; j0 < n_max; j0 += KEYS) {
       int64_t nb_max = n_max - j0 < KEYS ? n_max - j0 : KEYS;
       const float *vb = bf16 ? blk : (const float *)v_cache + k0 + j0 * nkv;
       prefetch_rows(v_cache, k0 + (j0 + KEYS) * nkv, n_max - j0 - KEYS, nkv, width, bf16);
-      if (bf16)
+      if (bf16 && !pv_pairs)
         for (int64_t j = 0; j < nb_max; j++) as_f32(v_cache, k0 + (j0 + j) * nkv, width, blk + j * width, 1);
       for (int64_t kh = 0; kh < heads; kh++) /* the queries of a KV head in tiles: a value row read once a tile */
         for (int64_t x0 = 0; x0 < nx; x0 += tile) {
@@ -746,18 +730,18 @@ static inline __attribute__((always_inline)) void attention_generic(
           vf16 *ar[PV_TILE];
           for (int64_t x = 0; x < cnt; x++) {
             int64_t i = (x0 + x) / group, hg = kh * group + (x0 + x) % group;
-            pr[x] = probs + ((t0 + i) * num_heads + h0 * group + hg) * max_keys + j0;
+            /* the block's probabilities: from key j0, or from pair j0 / 2 (a pair takes a float's 4 bytes) */
+            pr[x] = probs + ((t0 + i) * num_heads + h0 * group + hg) * max_keys + (pv_pairs ? j0 / 2 : j0);
             ar[x] = acc_all + (i * hq + hg) * nc;
           }
-          const float *vh = vb + kh * hd;
-          switch (cnt) { /* a literal count (and hd): the tile's sums stay in registers */
-            case 6: pv_tile(6, pr, ar, vh, stride, nb_max, nc); break;
-            case 5: pv_tile(5, pr, ar, vh, stride, nb_max, nc); break;
-            case 4: pv_tile(4, pr, ar, vh, stride, nb_max, nc); break;
-            case 3: pv_tile(3, pr, ar, vh, stride, nb_max, nc); break;
-            case 2: pv_tile(2, pr, ar, vh, stride, nb_max, nc); break;
-            default: pv_tile(1, pr, ar, vh, stride, nb_max, nc); break;
+#ifdef __AVX512BF16__
+          if (pv_pairs) {
+            const uint16_t *vh = (const uint16_t *)v_cache + k0 + j0 * nkv + kh * hd;
+            PV_DISPATCH(pv_tile_bf16, cnt, pr, ar, vh, nkv, nb_max, nc);
+            continue;
           }
+#endif
+          PV_DISPATCH(pv_tile, cnt, pr, ar, vb + kh * hd, stride, nb_max, nc);
         }
     }
     for (int64_t i = 0; i < nq; i++)
