@@ -276,16 +276,42 @@ void amx_pack_bf16(const uint16_t *w, uint16_t *p, int64_t N, int64_t K) {
 int64_t dpbf16_ready(void) { return 1; }
 
 #define DP_R 6
+#ifndef DP_PF_HINT
+#define DP_PF_HINT 2
+#endif
+#ifndef DP_PF_AHEAD
+#define DP_PF_AHEAD DP_KP
+#endif
+#ifndef DP_KP
+#define DP_KP 64
+#endif
 typedef int32_t dp_i32 __attribute__((may_alias));
 
+/* Pairs j0 .. j1 - 1 of the input (two k values each) for R rows against a column pair's two packed blocks. The
+ * accumulators start at zero when `acc` is NULL (the first k block), else from `acc` (fp32, per row 64 floats:
+ * block 0 even, block 0 odd, block 1 even, block 1 odd), and go back there unless `y` is given (the last k block),
+ * where the even and odd sums are added and rounded to bf16. fp32 out and back in is exact: the same sums in the
+ * same order as one pass over K. */
 static inline __attribute__((always_inline)) void dp_tile(const uint16_t *x, int64_t K, const uint16_t *b0,
-                                                          const uint16_t *b1, uint16_t *y, int64_t ldy, const int R) {
+                                                          const uint16_t *b1, int64_t j0, int64_t j1, float *acc,
+                                                          int first, uint16_t *y, int64_t ldy, const int R,
+                                                          int64_t pf, const int blocked) {
   __m512 c0[DP_R][2], c1[DP_R][2]; /* [row][even, odd pairs], column block 0 and 1 */
-  for (int r = 0; r < R; r++) c0[r][0] = c0[r][1] = c1[r][0] = c1[r][1] = _mm512_setzero_ps();
-  const int64_t P = K / 2;
-  for (int64_t j = 0; j < P; j += 2) {
+  for (int r = 0; r < R; r++) {
+    if (!blocked || first) {
+      c0[r][0] = c0[r][1] = c1[r][0] = c1[r][1] = _mm512_setzero_ps();
+    } else {
+      c0[r][0] = _mm512_loadu_ps(acc + 64 * r), c0[r][1] = _mm512_loadu_ps(acc + 64 * r + 16);
+      c1[r][0] = _mm512_loadu_ps(acc + 64 * r + 32), c1[r][1] = _mm512_loadu_ps(acc + 64 * r + 48);
+    }
+  }
+  for (int64_t j = j0; j < j1; j += 2) {
     __m512bh w0 = (__m512bh)_mm512_loadu_si512(b0 + 32 * j), w1 = (__m512bh)_mm512_loadu_si512(b1 + 32 * j);
     __m512bh v0 = (__m512bh)_mm512_loadu_si512(b0 + 32 * j + 32), v1 = (__m512bh)_mm512_loadu_si512(b1 + 32 * j + 32);
+    if (blocked && pf) {
+      __builtin_prefetch(b0 + 32 * (j + pf), 0, DP_PF_HINT), __builtin_prefetch(b0 + 32 * (j + pf) + 32, 0, DP_PF_HINT);
+      __builtin_prefetch(b1 + 32 * (j + pf), 0, DP_PF_HINT), __builtin_prefetch(b1 + 32 * (j + pf) + 32, 0, DP_PF_HINT);
+    }
     for (int r = 0; r < R; r++) {
       const dp_i32 *xr = (const dp_i32 *)(x + r * K);
       __m512bh e = (__m512bh)_mm512_set1_epi32(xr[j]), o = (__m512bh)_mm512_set1_epi32(xr[j + 1]);
@@ -296,31 +322,65 @@ static inline __attribute__((always_inline)) void dp_tile(const uint16_t *x, int
     }
   }
   for (int r = 0; r < R; r++) {
-    _mm256_storeu_si256((__m256i *)(y + r * ldy), (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(c0[r][0], c0[r][1])));
-    _mm256_storeu_si256((__m256i *)(y + r * ldy + 16), (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(c1[r][0], c1[r][1])));
+    if (!blocked || y) {
+      _mm256_storeu_si256((__m256i *)(y + r * ldy), (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(c0[r][0], c0[r][1])));
+      _mm256_storeu_si256((__m256i *)(y + r * ldy + 16),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(c1[r][0], c1[r][1])));
+    } else {
+      _mm512_storeu_ps(acc + 64 * r, c0[r][0]), _mm512_storeu_ps(acc + 64 * r + 16, c0[r][1]);
+      _mm512_storeu_ps(acc + 64 * r + 32, c1[r][0]), _mm512_storeu_ps(acc + 64 * r + 48, c1[r][1]);
+    }
   }
 }
 
+/* One column pair's k block for all M rows, DP_R rows a tile; `blocked` 0: the whole of K in one go (no scratch, no
+ * prefetch: the code of a single pass, specialised at compile time). */
+static inline __attribute__((always_inline)) void dp_rows(const uint16_t *x, int64_t M, int64_t K, int64_t N,
+                                                          const uint16_t *b0, const uint16_t *b1, int64_t j0,
+                                                          int64_t j1, float *acc, int last, uint16_t *y,
+                                                          const int blocked) {
+  for (int64_t m = 0; m < M; m += DP_R) {
+    const uint16_t *xm = x + m * K;
+    float *am = blocked ? acc + 64 * m : NULL;
+    uint16_t *ym = last ? y + m * N : NULL;
+    const int first = j0 == 0;
+    const int64_t pf = m == 0 && M > DP_R ? DP_PF_AHEAD : 0;
+    switch (M - m < DP_R ? M - m : DP_R) {
+      case 1: dp_tile(xm, K, b0, b1, j0, j1, am, first, ym, N, 1, pf, blocked); break;
+      case 2: dp_tile(xm, K, b0, b1, j0, j1, am, first, ym, N, 2, pf, blocked); break;
+      case 3: dp_tile(xm, K, b0, b1, j0, j1, am, first, ym, N, 3, pf, blocked); break;
+      case 4: dp_tile(xm, K, b0, b1, j0, j1, am, first, ym, N, 4, pf, blocked); break;
+      case 5: dp_tile(xm, K, b0, b1, j0, j1, am, first, ym, N, 5, pf, blocked); break;
+      default: dp_tile(xm, K, b0, b1, j0, j1, am, first, ym, N, DP_R, pf, blocked); break;
+    }
+  }
+}
+
+/* Rows past one tile take the column pair's weights a k block at a time (DP_KP pairs, 128 * DP_KP bytes of both
+ * blocks) through every row tile before the next block, the tiles' sums parked in `acc` between blocks: each
+ * block comes from DRAM once and is reused from L1 right away, so the weights stream at the pace of the compute
+ * (the hardware prefetcher runs ahead of a forward-moving stream) instead of in a first pass that computes one tile
+ * while it waits on DRAM, the other tiles then computing from cache with nothing streaming. */
+#define DP_MAX_BLOCKED 96 /* rows; beyond, compute-bound: whole-K passes (no scratch) */
+
 void gemm_dpbf16(const uint16_t *x, const uint16_t *p, uint16_t *y, int64_t M, int64_t K, int64_t N, int64_t nt) {
-  int64_t kbs = K / 32, npairs = N / 32;
+  int64_t kbs = K / 32, npairs = N / 32, P = K / 2;
+  int64_t kp = M > DP_R && M <= DP_MAX_BLOCKED ? DP_KP : P;
   atomic_llong next = 0;
 #pragma omp parallel num_threads(nt)
   {
+    float acc[DP_MAX_BLOCKED * 64] __attribute__((aligned(64)));
     int64_t nth = omp_get_num_threads(), chunk = (npairs + 16 * nth - 1) / (16 * nth);
     for (int64_t lo = atomic_fetch_add(&next, chunk); lo < npairs; lo = atomic_fetch_add(&next, chunk))
       for (int64_t np = lo; np < lo + chunk && np < npairs; np++) {
         const uint16_t *b0 = p + 2 * np * kbs * 512, *b1 = b0 + kbs * 512;
-        for (int64_t m = 0; m < M; m += DP_R) {
-          const uint16_t *xm = x + m * K;
-          uint16_t *ym = y + m * N + np * 32;
-          switch (M - m < DP_R ? M - m : DP_R) {
-            case 1: dp_tile(xm, K, b0, b1, ym, N, 1); break;
-            case 2: dp_tile(xm, K, b0, b1, ym, N, 2); break;
-            case 3: dp_tile(xm, K, b0, b1, ym, N, 3); break;
-            case 4: dp_tile(xm, K, b0, b1, ym, N, 4); break;
-            case 5: dp_tile(xm, K, b0, b1, ym, N, 5); break;
-            default: dp_tile(xm, K, b0, b1, ym, N, DP_R); break;
-          }
+        if (kp == P) {
+          dp_rows(x, M, K, N, b0, b1, 0, P, NULL, 1, y + np * 32, 0);
+          continue;
+        }
+        for (int64_t j0 = 0; j0 < P; j0 += kp) {
+          int64_t j1 = j0 + kp < P ? j0 + kp : P;
+          dp_rows(x, M, K, N, b0, b1, j0, j1, acc, j1 == P, y + np * 32, 1);
         }
       }
   }
