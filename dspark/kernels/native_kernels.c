@@ -287,11 +287,13 @@ int64_t dpbf16_ready(void) { return 1; }
 #endif
 typedef int32_t dp_i32 __attribute__((may_alias));
 
-/* Pairs j0 .. j1 - 1 of the input (two k values each) for R rows against a column pair's two packed blocks. The
- * accumulators start at zero when `acc` is NULL (the first k block), else from `acc` (fp32, per row 64 floats:
- * block 0 even, block 0 odd, block 1 even, block 1 odd), and go back there unless `y` is given (the last k block),
- * where the even and odd sums are added and rounded to bf16. fp32 out and back in is exact: the same sums in the
- * same order as one pass over K. */
+/* Pairs j0 .. j1 - 1 of the input (two k values each) for R rows against a column pair's two packed blocks.
+ * `blocked` 0 (a compile-time constant): the whole of K, accumulators from zero, bf16 out. `blocked` 1: the
+ * accumulators start at zero on the `first` k block, else from `acc` (fp32, per row 64 floats: block 0 even,
+ * block 0 odd, block 1 even, block 1 odd), and go back there unless `y` is given (the last k block), where the
+ * even and odd sums are added and rounded to bf16; with `pf` > 0 each step also asks for the weights `pf` pairs
+ * ahead into L2 (past the pair's end that is the next column pair's start; a prefetch past the weights' end is
+ * dropped, it does not fault). fp32 out and back in is exact: the same sums in the same order as one pass. */
 static inline __attribute__((always_inline)) void dp_tile(const uint16_t *x, int64_t K, const uint16_t *b0,
                                                           const uint16_t *b1, int64_t j0, int64_t j1, float *acc,
                                                           int first, uint16_t *y, int64_t ldy, const int R,
@@ -357,10 +359,13 @@ static inline __attribute__((always_inline)) void dp_rows(const uint16_t *x, int
 }
 
 /* Rows past one tile take the column pair's weights a k block at a time (DP_KP pairs, 128 * DP_KP bytes of both
- * blocks) through every row tile before the next block, the tiles' sums parked in `acc` between blocks: each
- * block comes from DRAM once and is reused from L1 right away, so the weights stream at the pace of the compute
- * (the hardware prefetcher runs ahead of a forward-moving stream) instead of in a first pass that computes one tile
- * while it waits on DRAM, the other tiles then computing from cache with nothing streaming. */
+ * blocks) through every row tile before the next block, the tiles' sums parked in `acc` between blocks, and the
+ * first tile prefetches the next block into L2 (PREFETCHT1) while it computes: the weights stream during the
+ * compute of every tile. Whole-K passes instead streamed a column pair from DRAM in the first tile's pass, the
+ * other tiles then computing from cache with nothing streaming. Measured on a Zen 4 EPYC, all of SmolLM2's GEMMs
+ * (docs/results/suffix/s50/gemm): 0.88-0.93x at 8-24 rows, 0.97-0.99 at 32-48; the blocks without the prefetch
+ * were 1.03-1.13x (slower), prefetching into L1 (T0) 1.08-1.14x, a block of 32 or 128 pairs or two blocks ahead no
+ * better. The macros can be set before the source for such A/B builds. */
 #define DP_MAX_BLOCKED 96 /* rows; beyond, compute-bound: whole-K passes (no scratch) */
 
 void gemm_dpbf16(const uint16_t *x, const uint16_t *p, uint16_t *y, int64_t M, int64_t K, int64_t N, int64_t nt) {
