@@ -1,8 +1,9 @@
 """Session 50: the Zen 4 EPYC's bf16 step curve measured again (with the k-blocked GEMM) against session 47's, side
 by side in one process. Target-only and two hybrid engines (Algorithm 1, the draft gate on) differing only in the
-step-time table they schedule on: `new` the shipped profile, `s47` the one shipped before (`s47_profile_bf16.json`
-here). At batch B, WAVES x B prompts through B slots (continuous batching), the arms in turn (order rotated), ROUNDS
-rounds; greedy, 128 tokens. Prints one JSON line.
+step-time table they schedule on: `new` the median of 3 `dspark profile` runs with this session's kernels
+(`../profile/s50_profile_bf16_median.json`; shipped in b1f8a41, when the first two JSONs here were made), `s47`
+session 47's (`s47_profile_bf16.json` here, shipped again since ca42206). At batch B, WAVES x B prompts through B
+slots (continuous batching), the arms in turn (order rotated), ROUNDS rounds; greedy, 128 tokens. Prints one JSON line.
     .venv/bin/python docs/results/suffix/s50/sps_ab/sps_ab.py docs/results/suffix/s50/sps_ab/s47_profile_bf16.json \
         [BATCH,...] [ROUNDS]"""
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import torch
 
@@ -21,6 +23,7 @@ from dspark.spec.sps import SPSTable
 
 torch.set_num_threads(2)
 old = SPSTable.from_file(sys.argv[1]).monotone()
+new = SPSTable.from_file(Path(__file__).parent.parent / "profile" / "s50_profile_bf16_median.json").monotone()
 batches = [int(b) for b in (sys.argv[2] if len(sys.argv) > 2 else "4,8").split(",")]
 rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 3
 waves, max_new = 4, 128
@@ -33,13 +36,14 @@ for bs in batches:
     engines = {BASE: _engine(BASE, target, bs, max_len, "greedy", 7, None, True, {})}
     for arm in ("new", "s47"):
         engines[arm] = _engine("hybrid", target, bs, max_len, "greedy", 7, None, True, {})
-    engines["s47"].sps = old
-    assert engines["new"].sps.step_time_ms != old.step_time_ms
+    engines["s47"].sps, engines["new"].sps = old, new
+    assert new.step_time_ms != old.step_time_ms
     arms, by_round = run_refilled_in_turn(engines, prompts[:bs * waves], bs, max_new, rounds)
     base = arms[BASE]
     out["by_batch"][bs] = {"target_only_tok_s": round(base.tok_s, 1), **{
         arm: {"speedup": round(arms[arm].tok_s / base.tok_s, 3),
-              "steady_speedup": round((arms[arm].steady[0] / arms[arm].steady[1]) / (base.steady[0] / base.steady[1]), 3)
+              "steady_speedup": round((arms[arm].steady[0] / arms[arm].steady[1])
+                                      / (base.steady[0] / base.steady[1]), 3)
               if arms[arm].steady and base.steady else None,
               "by_round": [round(a / b, 3) for a, b in zip(by_round[arm], by_round[BASE])],
               "tau": round(arms[arm].tau, 3), "verify_len": round(arms[arm].mean_verify_len, 3),
