@@ -363,7 +363,7 @@ static inline __attribute__((always_inline)) void dp_rows(const uint16_t *x, int
  * first tile prefetches the next block into L2 (PREFETCHT1) while it computes: the weights stream during the
  * compute of every tile. Whole-K passes instead streamed a column pair from DRAM in the first tile's pass, the
  * other tiles then computing from cache with nothing streaming. Measured on a Zen 4 EPYC, all of SmolLM2's GEMMs
- * (docs/results/suffix/s50/gemm): 0.88-0.93x at 8-24 rows, 0.97-0.99 at 32-48; the blocks without the prefetch
+ * (docs/results/suffix/s50/gemm): 0.88-0.94x at 8-24 rows, 0.97-1.00 at 32-48; the blocks without the prefetch
  * were 1.03-1.13x (slower), prefetching into L1 (T0) 1.08-1.14x, a block of 32 or 128 pairs or two blocks ahead no
  * better. The macros can be set before the source for such A/B builds. */
 #define DP_MAX_BLOCKED 96 /* rows; beyond, compute-bound: whole-K passes (no scratch) */
