@@ -27,7 +27,7 @@ from dspark.config.engine import EngineConfig
 from dspark.models.drafters.base import Drafter
 from dspark.models.drafters.oracle import OracleDrafter
 from dspark.models.drafters.registry import make_drafter
-from dspark.models.target.loader import TargetModel
+from dspark.models.target.loader import TargetModel, load_target
 from dspark.prompts.eval_sets import mixed_prompts
 from dspark.verify_service.engine import Engine
 from dspark.verify_service.request import SamplingParams
@@ -375,3 +375,14 @@ def _per_domain(picked: list[tuple[str, list[int]]], base: ArmResult, arm: ArmRe
 
 def _dtype_key(dtype: torch.dtype) -> str:
     return "bf16" if dtype == torch.bfloat16 else "fp32"
+
+
+def mixed_frame(num_prompts: int, max_new_tokens: int, dtype: str = "bf16",
+                num_threads: int = 2) -> tuple[TargetModel, list[tuple[str, list[int]]], int]:
+    """The frame of the side-by-side scripts under docs/results: `num_threads` torch threads, the default target in
+    `dtype`, `num_prompts` mixed eval prompts ((dataset, prompt ids), round-robin over the shared sets) and the model
+    length their engines need to decode `max_new_tokens` more (and a draft block) after the longest."""
+    torch.set_num_threads(num_threads)
+    target = load_target(dtype=dtype)
+    labelled = mixed_prompts(target.tokenizer, num_prompts)
+    return target, labelled, max(len(p) for _, p in labelled) + max_new_tokens + 9

@@ -12,19 +12,12 @@ import json
 import sys
 from collections import defaultdict
 
-import torch
-
-from dspark.bench.decode import BASE, _engine, run_engine
+from dspark.bench.decode import BASE, _engine, mixed_frame, run_engine
 from dspark.kernels.machine import cpu_signature
-from dspark.models.target.loader import load_target
-from dspark.prompts.eval_sets import mixed_prompts
 
-torch.set_num_threads(2)
 BS, ROUNDS = 8, int(sys.argv[1]) if len(sys.argv) > 1 else 2
-target = load_target(dtype="bf16")
-torch.manual_seed(0)
-prompts = [p for _, p in mixed_prompts(target.tokenizer, 4 * BS)]
-max_len = max(map(len, prompts)) + 128 + 9
+target, labelled, max_len = mixed_frame(4 * BS, 128)
+prompts = [p for _, p in labelled]
 engines = {n: _engine(n, target, BS, max_len, "greedy", 7, None, True, {}) for n in (BASE, "hybrid")}
 out: dict = {"cpu": cpu_signature(), "batch": BS, "runs": []}
 for r in range(ROUNDS):

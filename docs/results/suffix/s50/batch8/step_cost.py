@@ -14,19 +14,12 @@ import json
 import statistics
 import sys
 
-import torch
-
-from dspark.bench.decode import BASE, _engine, run_engine
+from dspark.bench.decode import BASE, _engine, mixed_frame, run_engine
 from dspark.kernels.machine import cpu_signature
-from dspark.models.target.loader import load_target
-from dspark.prompts.eval_sets import mixed_prompts
 
-torch.set_num_threads(2)
 BS, WAVES, MAX_NEW = int(sys.argv[1]), int(sys.argv[2]), 128
-target = load_target(dtype="bf16")
-torch.manual_seed(0)
-prompts = [p for _, p in mixed_prompts(target.tokenizer, BS * WAVES)]
-max_len = max(map(len, prompts)) + MAX_NEW + 9
+target, labelled, max_len = mixed_frame(BS * WAVES, MAX_NEW)
+prompts = [p for _, p in labelled]
 engines = {name: _engine(name, target, BS, max_len, "greedy", 7, None, True, {}) for name in (BASE, "hybrid")}
 out: dict = {"cpu": cpu_signature(), "batch": BS, "waves": WAVES, "arms": {}}
 records: dict[str, list] = {name: [] for name in engines}

@@ -10,22 +10,15 @@ from __future__ import annotations
 import json
 import sys
 
-import torch
-
-from dspark.bench.decode import BASE, _engine, run_refilled_in_turn
+from dspark.bench.decode import BASE, _engine, mixed_frame, run_refilled_in_turn
 from dspark.kernels.machine import cpu_signature
-from dspark.models.target.loader import load_target
-from dspark.prompts.eval_sets import mixed_prompts
 
-torch.set_num_threads(2)
 batches = [int(b) for b in (sys.argv[1] if len(sys.argv) > 1 else "4,8").split(",")]
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
 rates = [float(r) for r in (sys.argv[3] if len(sys.argv) > 3 else "0.005,0.02,0.05").split(",")]
 waves, max_new = 4, 128
-target = load_target(dtype="bf16")
-torch.manual_seed(0)
-prompts = [p for _, p in mixed_prompts(target.tokenizer, max(batches) * waves)]
-max_len = max(map(len, prompts)) + max_new + 9
+target, labelled, max_len = mixed_frame(max(batches) * waves, max_new)
+prompts = [p for _, p in labelled]
 out: dict = {"cpu": cpu_signature(), "waves": waves, "rounds": rounds, "by_batch": {}}
 for bs in batches:
     engines = {BASE: _engine(BASE, target, bs, max_len, "greedy", 7, None, True, {})}

@@ -10,23 +10,15 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
-from dspark.bench.decode import BASE, _engine, run_interleaved
+from dspark.bench.decode import BASE, _engine, mixed_frame, run_interleaved
 from dspark.kernels.machine import cpu_signature
-from dspark.models.target.loader import load_target
-from dspark.prompts.eval_sets import mixed_prompts
 from dspark.spec.sps import SPSTable
 
-torch.set_num_threads(2)
 num = int(sys.argv[1]) if len(sys.argv) > 1 else 24
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 2
 new = SPSTable.from_file(Path(__file__).parent.parent / "profile" / "s50_profile_bf16_median.json").monotone()
-target = load_target(dtype="bf16")
-torch.manual_seed(0)
-labelled = mixed_prompts(target.tokenizer, num)
+target, labelled, max_len = mixed_frame(num, 128)
 prompts = [p for _, p in labelled]
-max_len = max(map(len, prompts)) + 128 + 9
 engines = {BASE: _engine(BASE, target, 1, max_len, "greedy", 7, None, True, {}),
            "s47": _engine("hybrid", target, 1, max_len, "greedy", 7, None, True, {}),
            "new": _engine("hybrid", target, 1, max_len, "greedy", 7, None, True, {})}
