@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import gc
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from statistics import fmean
 
@@ -386,3 +387,32 @@ def mixed_frame(num_prompts: int, max_new_tokens: int, dtype: str = "bf16",
     target = load_target(dtype=dtype)
     labelled = mixed_prompts(target.tokenizer, num_prompts)
     return target, labelled, max(len(p) for _, p in labelled) + max_new_tokens + 9
+
+
+def hybrid_variants_in_turn(target: TargetModel, prompts: list[list[int]], max_len: int, batch_size: int,
+                            max_new_tokens: int, rounds: int,
+                            variants: dict[str, Callable[[Engine], None]]) -> tuple[dict, dict[str, Engine]]:
+    """Target-only and one hybrid engine per variant (Algorithm 1, the draft gate on; `variants[name]` adjusts its
+    engine: a table, a rate), all prompts through `batch_size` slots in turn (`run_refilled_in_turn`): per variant
+    the speedup, the steady state's, each round's, τ, tokens verified a request and whether greedy output matched
+    target-only's; and the engines (for what a variant learnt)."""
+    engines = {BASE: _engine(BASE, target, batch_size, max_len, "greedy", 7, None, True, {})}
+    for name, adjust in variants.items():
+        engines[name] = _engine("hybrid", target, batch_size, max_len, "greedy", 7, None, True, {})
+        adjust(engines[name])
+    arms, by_round = run_refilled_in_turn(engines, prompts, batch_size, max_new_tokens, rounds)
+    base = arms[BASE]
+
+    def steady(arm: ArmResult) -> float | None:
+        return arm.steady[0] / arm.steady[1] if arm.steady else None
+
+    summary: dict = {"target_only_tok_s": round(base.tok_s, 1)}
+    for name in variants:
+        arm = arms[name]
+        summary[name] = {
+            "speedup": round(arm.tok_s / base.tok_s, 3),
+            "steady_speedup": round(steady(arm) / steady(base), 3) if steady(arm) and steady(base) else None,
+            "by_round": [round(a / b, 3) for a, b in zip(by_round[name], by_round[BASE])],
+            "tau": round(arm.tau, 3), "verify_len": round(arm.mean_verify_len, 3),
+            "greedy_identical": arm.outputs == base.outputs}
+    return summary, engines

@@ -51,6 +51,19 @@ typedef float vfw __attribute__((vector_size(32), aligned(4)));
 #define TR NATIVE_TR
 #define NV (NB * 16 / VW) /* vectors per tile row */
 
+/* fn(n, ...) with n the literal 1 .. 6 that `cnt` is (6 for any more): a tile of up to 6 rows whose row count is a
+ * compile-time constant in each branch, so its loops unroll and its sums stay in registers (the bf16 GEMM's row
+ * tiles, attention's P·V tiles of query heads). */
+#define TILE_DISPATCH(fn, cnt, ...)                                                                                  \
+  switch (cnt) {                                                                                                     \
+    case 1: fn(1, __VA_ARGS__); break;                                                                               \
+    case 2: fn(2, __VA_ARGS__); break;                                                                               \
+    case 3: fn(3, __VA_ARGS__); break;                                                                               \
+    case 4: fn(4, __VA_ARGS__); break;                                                                               \
+    case 5: fn(5, __VA_ARGS__); break;                                                                               \
+    default: fn(6, __VA_ARGS__); break;                                                                              \
+  }
+
 /* Outputs per tile, to which pack() pads the output dimension. */
 int64_t native_tile_outputs(void) { return 16 * NB; }
 
@@ -275,7 +288,7 @@ void amx_pack_bf16(const uint16_t *w, uint16_t *p, int64_t N, int64_t K) {
  * verification needs). Work is handed out in runs of column pairs from a shared counter, as in gemm_amx_bf16. */
 int64_t dpbf16_ready(void) { return 1; }
 
-#define DP_R 6
+#define DP_R 6 /* rows a tile (TILE_DISPATCH's most) */
 #ifndef DP_PF_HINT
 #define DP_PF_HINT 2
 #endif
@@ -294,9 +307,9 @@ typedef int32_t dp_i32 __attribute__((may_alias));
  * even and odd sums are added and rounded to bf16; with `pf` > 0 each step also asks for the weights `pf` pairs
  * ahead into L2 (past the pair's end that is the next column pair's start; a prefetch past the weights' end is
  * dropped, it does not fault). fp32 out and back in is exact: the same sums in the same order as one pass. */
-static inline __attribute__((always_inline)) void dp_tile(const uint16_t *x, int64_t K, const uint16_t *b0,
-                                                          const uint16_t *b1, int64_t j0, int64_t j1, float *acc,
-                                                          int first, uint16_t *y, int64_t ldy, const int R,
+static inline __attribute__((always_inline)) void dp_tile(const int R, const uint16_t *x, int64_t K,
+                                                          const uint16_t *b0, const uint16_t *b1, int64_t j0,
+                                                          int64_t j1, float *acc, int first, uint16_t *y, int64_t ldy,
                                                           int64_t pf, const int blocked) {
   __m512 c0[DP_R][2], c1[DP_R][2]; /* [row][even, odd pairs], column block 0 and 1 */
   for (int r = 0; r < R; r++) {
@@ -346,15 +359,8 @@ static inline __attribute__((always_inline)) void dp_rows(const uint16_t *x, int
     float *am = blocked ? acc + 64 * m : NULL;
     uint16_t *ym = last ? y + m * N : NULL;
     const int first = j0 == 0;
-    const int64_t pf = m == 0 && M > DP_R ? DP_PF_AHEAD : 0;
-    switch (M - m < DP_R ? M - m : DP_R) {
-      case 1: dp_tile(xm, K, b0, b1, j0, j1, am, first, ym, N, 1, pf, blocked); break;
-      case 2: dp_tile(xm, K, b0, b1, j0, j1, am, first, ym, N, 2, pf, blocked); break;
-      case 3: dp_tile(xm, K, b0, b1, j0, j1, am, first, ym, N, 3, pf, blocked); break;
-      case 4: dp_tile(xm, K, b0, b1, j0, j1, am, first, ym, N, 4, pf, blocked); break;
-      case 5: dp_tile(xm, K, b0, b1, j0, j1, am, first, ym, N, 5, pf, blocked); break;
-      default: dp_tile(xm, K, b0, b1, j0, j1, am, first, ym, N, DP_R, pf, blocked); break;
-    }
+    const int64_t pf = m == 0 ? DP_PF_AHEAD : 0; /* read only where blocked */
+    TILE_DISPATCH(dp_tile, M - m, xm, K, b0, b1, j0, j1, am, first, ym, N, pf, blocked);
   }
 }
 
@@ -574,16 +580,6 @@ static inline __attribute__((always_inline)) void transpose16_dw(__m512i r[16]) 
  * order. A query's sums take the same operations in the same order whatever tile, piece or step it is in. */
 #define PV_ACC 24
 #define PV_TILE 6
-/* fn(cnt, ...) with cnt a literal 1 .. PV_TILE (hd one where it is 64): the tile's sums stay in registers */
-#define PV_DISPATCH(fn, cnt, ...)                                                                                    \
-  switch (cnt) {                                                                                                     \
-    case 6: fn(6, __VA_ARGS__); break;                                                                               \
-    case 5: fn(5, __VA_ARGS__); break;                                                                               \
-    case 4: fn(4, __VA_ARGS__); break;                                                                               \
-    case 3: fn(3, __VA_ARGS__); break;                                                                               \
-    case 2: fn(2, __VA_ARGS__); break;                                                                               \
-    default: fn(1, __VA_ARGS__); break;                                                                              \
-  }
 static inline __attribute__((always_inline)) void pv_tile(const int64_t cnt, const float *const *p, vf16 *const *a,
                                                           const float *vh, int64_t stride, int64_t nb,
                                                           const int64_t nc) {
@@ -802,11 +798,11 @@ static inline __attribute__((always_inline)) void attention_generic(
 #ifdef __AVX512BF16__
           if (pv_pairs) {
             const uint16_t *vh = (const uint16_t *)v_cache + k0 + j0 * nkv + kh * hd;
-            PV_DISPATCH(pv_tile_bf16, cnt, pr, ar, vh, nkv, nb_max, nc);
+            TILE_DISPATCH(pv_tile_bf16, cnt, pr, ar, vh, nkv, nb_max, nc);
             continue;
           }
 #endif
-          PV_DISPATCH(pv_tile, cnt, pr, ar, vb + kh * hd, stride, nb_max, nc);
+          TILE_DISPATCH(pv_tile, cnt, pr, ar, vb + kh * hd, stride, nb_max, nc);
         }
     }
     for (int64_t i = 0; i < nq; i++)

@@ -2,16 +2,18 @@
 side by side in one process. Target-only and hybrid engines (Algorithm 1, the draft gate on, the shipped profile)
 differing only in η. At batch B, WAVES x B prompts through B slots (continuous batching), the arms in turn (order
 rotated), ROUNDS rounds (each engine keeps what it learnt across rounds, as a serving replica does); greedy, 128
-tokens. Prints one JSON line.
+tokens. Prints one JSON line (`bias_rate_ab.json` here was written before the script reported the steady state).
     .venv/bin/python docs/results/suffix/s50/bias_rate/bias_rate_ab.py [BATCH,...] [ROUNDS] [RATE,...]"""
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 
-from dspark.bench.decode import BASE, _engine, mixed_frame, run_refilled_in_turn
+from dspark.bench.decode import hybrid_variants_in_turn, mixed_frame
 from dspark.kernels.machine import cpu_signature
+from dspark.verify_service.engine import Engine
 
 batches = [int(b) for b in (sys.argv[1] if len(sys.argv) > 1 else "4,8").split(",")]
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
@@ -20,19 +22,19 @@ waves, max_new = 4, 128
 target, labelled, max_len = mixed_frame(max(batches) * waves, max_new)
 prompts = [p for _, p in labelled]
 out: dict = {"cpu": cpu_signature(), "waves": waves, "rounds": rounds, "by_batch": {}}
+
+
+def rate_of(rate: float) -> Callable[[Engine], None]:
+    return lambda engine: setattr(engine.drafter.suffix.config, "live_bias_rate", rate)
+
+
 for bs in batches:
-    engines = {BASE: _engine(BASE, target, bs, max_len, "greedy", 7, None, True, {})}
-    for rate in rates:
-        engine = engines[f"eta={rate}"] = _engine("hybrid", target, bs, max_len, "greedy", 7, None, True, {})
-        engine.drafter.suffix.config.live_bias_rate = rate
-    arms, by_round = run_refilled_in_turn(engines, prompts[:bs * waves], bs, max_new, rounds)
-    base = arms[BASE]
-    out["by_batch"][bs] = {"target_only_tok_s": round(base.tok_s, 1), **{
-        arm: {"speedup": round(arms[arm].tok_s / base.tok_s, 3),
-              "by_round": [round(a / b, 3) for a, b in zip(by_round[arm], by_round[BASE])],
-              "tau": round(arms[arm].tau, 3), "verify_len": round(arms[arm].mean_verify_len, 3),
-              "bias": {f"{s}/{r}": [round(b, 3) for b in v]
-                       for (s, r), v in engines[arm].drafter.suffix.calibration.bias.items()},
-              "greedy_identical": arms[arm].outputs == base.outputs} for arm in engines if arm != BASE}}
-    print(json.dumps(out["by_batch"][bs]), file=sys.stderr, flush=True)
+    summary, engines = hybrid_variants_in_turn(target, prompts[:bs * waves], max_len, bs, max_new, rounds,
+                                               {f"eta={rate}": rate_of(rate) for rate in rates})
+    for arm in engines:
+        if arm in summary:
+            summary[arm]["bias"] = {f"{s}/{r}": [round(b, 3) for b in v]
+                                    for (s, r), v in engines[arm].drafter.suffix.calibration.bias.items()}
+    out["by_batch"][bs] = summary
+    print(json.dumps(summary), file=sys.stderr, flush=True)
 print(json.dumps(out))

@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from dspark.bench.decode import BASE, _engine, mixed_frame, run_refilled_in_turn
+from dspark.bench.decode import hybrid_variants_in_turn, mixed_frame
 from dspark.kernels.machine import cpu_signature
 from dspark.spec.sps import SPSTable
 
@@ -25,21 +25,10 @@ waves, max_new = 4, 128
 target, labelled, max_len = mixed_frame(max(batches) * waves, max_new)
 prompts = [p for _, p in labelled]
 out: dict = {"cpu": cpu_signature(), "waves": waves, "rounds": rounds, "by_batch": {}}
+assert new.step_time_ms != old.step_time_ms
 for bs in batches:
-    engines = {BASE: _engine(BASE, target, bs, max_len, "greedy", 7, None, True, {})}
-    for arm in ("new", "s47"):
-        engines[arm] = _engine("hybrid", target, bs, max_len, "greedy", 7, None, True, {})
-    engines["s47"].sps, engines["new"].sps = old, new
-    assert new.step_time_ms != old.step_time_ms
-    arms, by_round = run_refilled_in_turn(engines, prompts[:bs * waves], bs, max_new, rounds)
-    base = arms[BASE]
-    out["by_batch"][bs] = {"target_only_tok_s": round(base.tok_s, 1), **{
-        arm: {"speedup": round(arms[arm].tok_s / base.tok_s, 3),
-              "steady_speedup": round((arms[arm].steady[0] / arms[arm].steady[1])
-                                      / (base.steady[0] / base.steady[1]), 3)
-              if arms[arm].steady and base.steady else None,
-              "by_round": [round(a / b, 3) for a, b in zip(by_round[arm], by_round[BASE])],
-              "tau": round(arms[arm].tau, 3), "verify_len": round(arms[arm].mean_verify_len, 3),
-              "greedy_identical": arms[arm].outputs == base.outputs} for arm in ("new", "s47")}}
+    out["by_batch"][bs], _ = hybrid_variants_in_turn(
+        target, prompts[:bs * waves], max_len, bs, max_new, rounds,
+        {"new": lambda e: setattr(e, "sps", new), "s47": lambda e: setattr(e, "sps", old)})
     print(json.dumps(out["by_batch"][bs]), file=sys.stderr, flush=True)
 print(json.dumps(out))
