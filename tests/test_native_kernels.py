@@ -81,6 +81,43 @@ def test_amx_is_offered_only_for_bf16_weights_it_can_tile() -> None:
     torch.testing.assert_close(lin(x, "dpbf16"), F.linear(x, lin.weight))
 
 
+def test_the_aten_order_sum_is_torch_sum_at_the_width_found_and_not_at_the_others() -> None:
+    """The native sum that the bf16 norm adds its squares with reproduces torch.sum's rows to the bit at the width
+    `bf16_norm_lanes` found (rows of any length: shorter than a vector, leftover vectors and scalars, the
+    cascade's upper levels), and the other widths do not: the probe tells them apart."""
+    lanes = native.bf16_norm_lanes()
+    if lanes is None:
+        pytest.skip("torch sums in an order the native kernels do not reproduce on this machine")
+    gen = torch.Generator().manual_seed(3)
+    for n in (1, 3, 7, 9, 33, 576, 577, 1536, 2051, 100003):
+        x = torch.rand(16, n, generator=gen) * 2.0 ** torch.randint(-10, 10, (16, 1), generator=gen)
+        assert torch.equal(native.aten_order_row_sums(x, lanes), x.sum(-1)), n
+    x = torch.rand(64, 576, generator=gen)
+    for other in {16, 8, 4} - {lanes}:
+        assert not torch.equal(native.aten_order_row_sums(x, other), x.sum(-1))
+
+
+@pytest.mark.parametrize("rows", [1, 7, 32, 150, 1000])  # from 8 rows of 576 on, rows are shared out to threads
+def test_bf16_norm_and_residual_are_pytorchs_to_the_bit_and_per_row(rows: int) -> None:
+    """The native bf16 pass that replaces the residual add and PyTorch's composite RMSNorm gives their results bit
+    for bit (a norm one bf16 ulp off in a few elements per million moved greedy texts in session 46), on hidden
+    states of SmolLM2's scale and on rows with outliers, and each row's result is the same alone as in a batch."""
+    if native.bf16_norm_lanes() is None:
+        pytest.skip("no native bf16 norm that rounds as torch's does on this machine")
+    gen = torch.Generator().manual_seed(rows)
+    for d, scale in ((576, 3.0), (576, 40.0), (960, 1.0), (100, 8.0)):
+        x = (torch.randn(rows, d, generator=gen) * scale).to(torch.bfloat16)
+        x[:, ::97] *= 50  # a few large features, as real hidden states have
+        r = torch.randn(rows, d, generator=gen).to(torch.bfloat16)
+        w = (torch.rand(d, generator=gen) + 0.5).to(torch.bfloat16)
+        total, normed = native.add_rms_norm(x, r, w, 1e-5)
+        assert total.dtype == normed.dtype == torch.bfloat16 and torch.equal(total, x + r)
+        assert torch.equal(normed, F.rms_norm(x + r, (d,), w, 1e-5))
+        assert torch.equal(native.rms_norm(x, w, 1e-6), F.rms_norm(x, (d,), w, 1e-6))
+        assert torch.equal(torch.cat([native.add_rms_norm(x[i:i + 1], r[i:i + 1], w, 1e-5)[1]
+                                      for i in range(min(rows, 40))]), normed[:40])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 5, 60, 64, 70])
 def test_row_major_copies_a_transposed_head_output_exactly(dtype: torch.dtype, rows: int) -> None:
@@ -184,6 +221,32 @@ def test_bf16_runners_take_native_attention_as_close_to_fp32_as_sdpa(tiny_target
                       .logits.float())
     native_err, sdpa_err = ((x - logits[2]).abs().max() for x in logits[:2])
     assert native_err <= 2 * sdpa_err and native_err < 0.05 * logits[2].abs().max()
+
+
+def test_a_bf16_forward_with_the_native_norms_is_pytorchs_to_the_bit(tiny_target_dir, monkeypatch) -> None:
+    """The bf16 verify path (native attention, the residual carried into the next layer's norm pass) gives the
+    same logits and hidden states with the native norms as with PyTorch's add and RMSNorm: greedy texts, and
+    the self-distilled corpus the suffix source matches them against, stay what they were."""
+    if native.bf16_norm_lanes() is None:
+        pytest.skip("no native bf16 norm that rounds as torch's does on this machine")
+    bf16 = load_target(str(tiny_target_dir), "cpu", "bf16").model
+    runner = TargetRunner(bf16, 3, 64, gemm_plan=GemmPlan.fixed("linear"), row_invariant=True)
+    assert runner.native_attention
+    gen = torch.Generator().manual_seed(5)
+    seqs = [torch.randint(4, runner.vocab_size, (n,), generator=gen).tolist() for n in (30, 12, 21)]
+    lanes = native.bf16_norm_lanes()
+    outs = []
+    for on in (True, False):
+        monkeypatch.setattr(native, "bf16_norm_lanes", (lambda: lanes) if on else (lambda: None))
+        runner.cache = type(runner.cache)(runner.num_layers, runner.num_kv_heads, runner.head_dim, 3, 64,
+                                          runner.dtype, runner.device)
+        slots = [runner.cache.allocate() for _ in seqs]
+        runner.forward([SeqChunk(s, 0, q[:-4], 1) for s, q in zip(slots, seqs)])
+        outs.append(runner.forward([SeqChunk(s, len(q) - 4, q[-4:], 4) for s, q in zip(slots, seqs)],
+                                   hidden_layers=(1, runner.num_layers)))
+    assert torch.equal(outs[0].logits, outs[1].logits)
+    for layer in (1, runner.num_layers):
+        assert torch.equal(outs[0].hidden_states[layer], outs[1].hidden_states[layer])
 
 
 @pytest.mark.parametrize("path", ["fused", "native_attention"])

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from dspark.kernels import cache_once
 from dspark.kernels.cache_once import cache_dir
@@ -108,6 +109,10 @@ def library() -> ctypes.CDLL | None:
     lib.silu_mul_f32.restype = None
     lib.rms_norm_f32.argtypes = [i64, ptr, ptr, ptr, i64, ctypes.c_float, i64]
     lib.rms_norm_f32.restype = None
+    lib.rms_norm_bf16.argtypes = [i64, ptr, ptr, ptr, ptr, ptr, i64, ctypes.c_float, i64, i64]
+    lib.rms_norm_bf16.restype = None
+    lib.aten_order_row_sums.argtypes = [i64, ptr, ptr, i64, i64]
+    lib.aten_order_row_sums.restype = None
     lib.amx_ready.argtypes = []
     lib.amx_ready.restype = i64
     lib.amx_pack_bf16.argtypes = [ptr, ptr, i64, i64]
@@ -253,7 +258,10 @@ def rotary_cache_write(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, 
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm of fp32 rows (T, d), as F.rms_norm(x, (d,), weight, eps)."""
+    """RMSNorm of fp32 rows (T, d), as F.rms_norm(x, (d,), weight, eps); of bf16 rows (where `bf16_norm_lanes`
+    is not None) to the bit as F.rms_norm rounds them."""
+    if x.dtype == torch.bfloat16:
+        return _norm_bf16(x, None, weight, eps, _lanes())[1]
     lib = _required()
     x = x.contiguous()
     out = torch.empty_like(x)
@@ -261,6 +269,69 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         lib.rms_norm_f32(x.shape[0], x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[1], eps,
                          torch.get_num_threads())
     return out
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + residual, RMSNorm(x + residual)) of bf16 rows (T, d) in one pass, to the bit as `x + residual` and
+    F.rms_norm on that sum round them (where `bf16_norm_lanes` is not None). Both are new tensors (x may be a
+    hidden state kept for the drafter)."""
+    total, out = _norm_bf16(x, residual, weight, eps, _lanes())
+    assert total is not None
+    return total, out
+
+
+def _lanes() -> int:
+    lanes = bf16_norm_lanes()
+    if lanes is None:
+        raise RuntimeError("no native bf16 norm that rounds as torch's does on this machine (bf16_norm_lanes)")
+    return lanes
+
+
+def _norm_bf16(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+               lanes: int) -> tuple[torch.Tensor | None, torch.Tensor]:
+    lib = _required()
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    total = None if residual is None else torch.empty_like(x)
+    residual = None if residual is None else residual.contiguous()
+    with traced("native::rms_norm_bf16"):
+        lib.rms_norm_bf16(x.shape[0], x.data_ptr(), None if residual is None else residual.data_ptr(),
+                          None if total is None else total.data_ptr(), weight.data_ptr(), out.data_ptr(),
+                          x.shape[1], eps, lanes, torch.get_num_threads())
+    return total, out
+
+
+def aten_order_row_sums(x: torch.Tensor, lanes: int) -> torch.Tensor:
+    """Row sums of fp32 rows (T, n) added in the order of aten's CPU sum kernel with vectors of `lanes` floats."""
+    x = x.contiguous()
+    out = torch.empty(x.shape[0], dtype=torch.float32)
+    _required().aten_order_row_sums(x.shape[0], x.data_ptr(), out.data_ptr(), x.shape[1], lanes)
+    return out
+
+
+@functools.cache
+def bf16_norm_lanes() -> int | None:
+    """The vector width (floats) of the sum kernel torch dispatches to on this CPU, which the bf16 norm needs to
+    add its squares in torch's order; None (the norm stays PyTorch's) where no width reproduces torch.sum to the
+    bit, or the native norm then differs from `x + r` and F.rms_norm on random rows. Found once per process (a
+    few ms): the width is torch's build and dispatch choice (on a Zen 4 with AVX-512, torch 2.13 sums with 8
+    lanes), not the CPU's. The probes cover short rows, leftover vectors and scalars, and the cascade's levels."""
+    if library() is None:
+        return None
+    gen = torch.Generator().manual_seed(0)
+    probes = [torch.rand(32, n, generator=gen) * 2.0 ** torch.randint(-8, 8, (32, 1), generator=gen)
+              for n in (5, 100, 576, 1000, 4104, 70000)]
+    x = (torch.randn(512, 576, generator=gen) * 4).to(torch.bfloat16)
+    r = torch.randn(512, 576, generator=gen).to(torch.bfloat16)
+    w = (torch.randn(576, generator=gen) * 0.3 + 1).to(torch.bfloat16)
+    for lanes in (16, 8, 4):
+        if all(torch.equal(aten_order_row_sums(p, lanes), p.sum(-1)) for p in probes):
+            total, normed = _norm_bf16(x, r, w, 1e-5, lanes)
+            if torch.equal(total, x + r) and torch.equal(normed, F.rms_norm(x + r, (576,), w, 1e-5)):
+                return lanes
+    log.info("native bf16 norm off: no sum order of 16, 8 or 4 lanes reproduces torch's here")
+    return None
 
 
 def row_major(x: torch.Tensor) -> torch.Tensor:

@@ -1105,6 +1105,120 @@ void rms_norm_f32(int64_t T, const float *x, const float *w, float *out, int64_t
   for (int64_t t = 0; t < T; t++) rms_norm_rows(x + t * d, w, out + t * d, 1, d, eps);
 }
 
+/* ---- bf16 rows: RMSNorm (of x + r where a residual r is given), bit for bit as PyTorch's CPU ops round it. ----
+ * F.rms_norm on bf16 rows is a composite of ~10 ops on the CPU (each a dispatch and an allocation: ~50-70 us a
+ * call at 16-32 rows of 576, two calls a layer), and the add before it one more. Here one pass does both, and its
+ * result is PyTorch's to the bit, because a norm that rounds one element in a million the other way moves greedy
+ * texts (session 46: the same kernel with a plain sum of squares moved 13 of 18 texts within 128 tokens). The
+ * order PyTorch rounds in: the residual sum rounded to bf16 (an elementwise add); the row widened to fp32 and
+ * squared; the squares summed as aten's CPU sum reduces a contiguous fp32 row (`aten_order_sum`); ÷ d, + eps,
+ * 1 / sqrt; (x · rrms) · w in fp32, rounded once to bf16. `lanes` is the vector width of the sum kernel torch
+ * dispatched to on this machine (`native.torch_sum_lanes` finds it by comparing sums; it is not the ISA's).
+ * No fused multiply-adds here: each product is rounded before it is added, as in PyTorch. */
+#define SUM_LEVELS 4
+#define SUM_ILP 4
+#define SUM_MAX_LANES 16
+#define ROWS_SERIAL_WORK 4096 /* elements: below this, no parallel region */
+
+static inline int64_t ceil_log2(int64_t x) { /* aten's utils::CeilLog2 */
+  if (x <= 2) return 1;
+  int64_t b = 0;
+  for (uint64_t v = (uint64_t)(x - 1); v; v >>= 1) b++;
+  return b;
+}
+
+/* The SUM_ILP × lanes partial sums of `size` groups of SUM_ILP vectors of `lanes` floats (group i at
+ * a + i · SUM_ILP · lanes): each element a running sum, but of chunks of 2^p groups added into the next level and
+ * so on (aten's cascade: only sums of similar size are added), p = max(4, ceil(log2 size) / SUM_LEVELS). */
+__attribute__((optimize("fp-contract=off"))) static void cascade_partials(const float *restrict a, int64_t size,
+                                                                        int64_t lanes, float *restrict out) {
+  const int64_t width = SUM_ILP * lanes, power = ceil_log2(size) / SUM_LEVELS > 4 ? ceil_log2(size) / SUM_LEVELS : 4;
+  const int64_t step = (int64_t)1 << power, mask = step - 1;
+  float acc[SUM_LEVELS][SUM_ILP * SUM_MAX_LANES] = {{0.f}};
+  int64_t i = 0;
+  while (i + step <= size) {
+    for (int64_t j = 0; j < step; j++, i++)
+      for (int64_t e = 0; e < width; e++) acc[0][e] += a[i * width + e];
+    for (int64_t level = 1; level < SUM_LEVELS; level++) {
+      for (int64_t e = 0; e < width; e++) {
+        acc[level][e] += acc[level - 1][e];
+        acc[level - 1][e] = 0.f;
+      }
+      if (i & (mask << (level * power))) break;
+    }
+  }
+  for (; i < size; i++)
+    for (int64_t e = 0; e < width; e++) acc[0][e] += a[i * width + e];
+  for (int64_t level = 1; level < SUM_LEVELS; level++)
+    for (int64_t e = 0; e < width; e++) acc[0][e] += acc[level][e];
+  memcpy(out, acc[0], sizeof(float) * (size_t)width);
+}
+
+/* The sum of a[0..n) as aten's CPU sum reduces a contiguous fp32 row with vectors of `lanes` floats: rows of at
+ * least `lanes` as vectors (SUM_ILP interleaved vector sums, the leftover vectors into the first, those folded
+ * lane-wise, then the leftover scalars and the lanes one by one from 0); shorter rows as scalars, the same way. */
+__attribute__((optimize("fp-contract=off"))) static float aten_order_sum(const float *restrict a, int64_t n,
+                                                                       int64_t lanes) {
+  if (n < lanes) lanes = 1;
+  float part[SUM_ILP * SUM_MAX_LANES];
+  const int64_t vecs = n / lanes, groups = vecs / SUM_ILP;
+  cascade_partials(a, groups, lanes, part);
+  for (int64_t v = groups * SUM_ILP; v < vecs; v++)
+    for (int64_t l = 0; l < lanes; l++) part[l] += a[v * lanes + l];
+  for (int64_t k = 1; k < SUM_ILP; k++)
+    for (int64_t l = 0; l < lanes; l++) part[l] += part[k * lanes + l];
+  if (lanes == 1) return part[0];
+  float total = 0.f;
+  for (int64_t i = vecs * lanes; i < n; i++) total += a[i];
+  for (int64_t l = 0; l < lanes; l++) total += part[l];
+  return total;
+}
+
+/* Row sums of fp32 rows (T, n) in aten's order: how `native.torch_sum_lanes` matches `lanes` to torch.sum. */
+void aten_order_row_sums(int64_t T, const float *x, float *out, int64_t n, int64_t lanes) {
+  for (int64_t t = 0; t < T; t++) out[t] = aten_order_sum(x + t * n, n, lanes);
+}
+
+__attribute__((optimize("fp-contract=off"))) static void rms_norm_row_bf16(
+    uint16_t *restrict sum, const uint16_t *restrict x, const uint16_t *restrict r, const uint16_t *restrict w,
+    uint16_t *restrict out, int64_t d, float eps, int64_t lanes, float *restrict row, float *restrict sq) {
+  for (int64_t i = 0; i < d; i++) {
+    float v = bf16_to_f32(x[i]);
+    if (r) {
+      uint16_t h = f32_to_bf16(v + bf16_to_f32(r[i]));
+      sum[i] = h;
+      v = bf16_to_f32(h);
+    }
+    row[i] = v;
+    sq[i] = v * v;
+  }
+  const float inv = 1.0f / sqrtf(aten_order_sum(sq, d, lanes) / (float)d + eps);
+  for (int64_t i = 0; i < d; i++) out[i] = f32_to_bf16(row[i] * inv * bf16_to_f32(w[i]));
+}
+
+static void rms_norm_rows_bf16(int64_t T, uint16_t *sum, const uint16_t *x, const uint16_t *r, const uint16_t *w,
+                               uint16_t *out, int64_t d, float eps, int64_t lanes, atomic_llong *next) {
+  float *buf = malloc(sizeof(float) * 2 * (size_t)d);
+  for (int64_t t = next ? atomic_fetch_add(next, 1) : 0; t < T; t = next ? atomic_fetch_add(next, 1) : t + 1)
+    rms_norm_row_bf16(r ? sum + t * d : NULL, x + t * d, r ? r + t * d : NULL, w, out + t * d, d, eps, lanes, buf,
+                      buf + d);
+  free(buf);
+}
+
+/* out = RMSNorm(x) · w over bf16 rows (T, d); with r (not NULL), sum = x + r first and out = RMSNorm(sum) · w.
+ * Rows go from a shared counter where the work pays for a parallel region (a prompt's rows); below that one
+ * thread does them all (a region costs more than a few dozen rows take). */
+void rms_norm_bf16(int64_t T, const uint16_t *x, const uint16_t *r, uint16_t *sum, const uint16_t *w,
+                   uint16_t *out, int64_t d, float eps, int64_t lanes, int64_t nt) {
+  if (nt <= 1 || T < 2 || T * d < ROWS_SERIAL_WORK) {
+    rms_norm_rows_bf16(T, sum, x, r, w, out, d, eps, lanes, NULL);
+    return;
+  }
+  atomic_llong next = 0;
+#pragma omp parallel num_threads(nt)
+  rms_norm_rows_bf16(T, sum, x, r, w, out, d, eps, lanes, &next);
+}
+
 /* dst (cols, rows) = src (rows, cols; row stride src_stride) transposed, for elements of 2 or 4 bytes. The LM
  * head's W @ xᵀ leaves a step's logits as (V, T) and every consumer reduces over one token's row (argmax,
  * sampling): PyTorch's strided copy of that bf16 view ran at ~0.6 GB/s (10 ms for 60 x 49,152 on one AMX Xeon

@@ -23,7 +23,14 @@ from dspark.kernels.gemm_plan import GemmPlan
 from dspark.kernels.native import FusedDecoder
 from dspark.models.target.family import LayerWeights
 from dspark.models.target.kv_cache import KVCachePool
-from dspark.models.target.layer import ForwardOutput, SeqChunk, attention_out_and_mlp, head_norms, rms_norm
+from dspark.models.target.layer import (
+    ForwardOutput,
+    SeqChunk,
+    add_rms_norm,
+    attention_out_and_mlp_parts,
+    head_norms,
+    rms_norm,
+)
 
 
 class TargetRunner(Protocol):
@@ -116,8 +123,13 @@ def forward_native_attention(runner: TargetRunner, chunks: list[SeqChunk],
     num_tokens = x.shape[0]
     kernel = runner.gemm_plan.kernel(num_tokens)
     num_heads, num_kv, hd = runner.num_heads, runner.num_kv_heads, runner.head_dim
+    mlp_out: torch.Tensor | None = None  # the last layer's MLP output, added to x in the next layer's norm pass
     for i, layer in enumerate(runner.layers):
-        qkv = layer.qkv(rms_norm(x, layer.in_norm, runner.eps), kernel).contiguous()  # (T, (H + 2 KV) * hd)
+        if mlp_out is None:
+            h = rms_norm(x, layer.in_norm, runner.eps)
+        else:
+            x, h = add_rms_norm(x, mlp_out, layer.in_norm, runner.eps)
+        qkv = layer.qkv(h, kernel).contiguous()  # (T, (H + 2 KV) * hd)
         if layer.q_norm is not None:  # per-head q / k norms before the rotary, in place
             qk = qkv[:, :(num_heads + num_kv) * hd].view(num_tokens, num_heads + num_kv, hd)
             qk.copy_(head_norms(qk, layer, num_heads, runner.eps))
@@ -126,7 +138,9 @@ def forward_native_attention(runner: TargetRunner, chunks: list[SeqChunk],
         key_row, num_keys = keys[layer.window]
         attn = native.attention(qkv.view(num_tokens, num_heads + 2 * num_kv, hd), num_heads, runner.cache.k[i],
                                 runner.cache.v[i], key_row, num_keys, flat.max_keys, runner.scale)
-        x = attention_out_and_mlp(layer, x, attn, kernel, runner.eps, runner.activation)
+        x, mlp_out = attention_out_and_mlp_parts(layer, x, attn, kernel, runner.eps, runner.activation)
+        if i + 1 in hidden_layers or i + 1 == len(runner.layers):
+            x, mlp_out = x + mlp_out, None
         if i + 1 in hidden_layers:
             hidden[i + 1] = x
     return _logits(runner, x, flat, hidden)
