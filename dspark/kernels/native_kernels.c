@@ -1179,21 +1179,34 @@ void aten_order_row_sums(int64_t T, const float *x, float *out, int64_t n, int64
   for (int64_t t = 0; t < T; t++) out[t] = aten_order_sum(x + t * n, n, lanes);
 }
 
+static inline uint16_t f32_to_bf16_vec(float f) { /* f32_to_bf16 with a select for its branch: it vectorises */
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, nan = (u >> 16) | 0x40;
+  return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
+static inline float bf16_to_f32_vec(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
 __attribute__((optimize("fp-contract=off"))) static void rms_norm_row_bf16(
     uint16_t *restrict sum, const uint16_t *restrict x, const uint16_t *restrict r, const uint16_t *restrict w,
     uint16_t *restrict out, int64_t d, float eps, int64_t lanes, float *restrict row, float *restrict sq) {
-  for (int64_t i = 0; i < d; i++) {
-    float v = bf16_to_f32(x[i]);
-    if (r) {
-      uint16_t h = f32_to_bf16(v + bf16_to_f32(r[i]));
+  if (r)
+    for (int64_t i = 0; i < d; i++) {
+      uint16_t h = f32_to_bf16_vec(bf16_to_f32_vec(x[i]) + bf16_to_f32_vec(r[i]));
       sum[i] = h;
-      v = bf16_to_f32(h);
+      row[i] = bf16_to_f32_vec(h);
     }
-    row[i] = v;
-    sq[i] = v * v;
-  }
+  else
+    for (int64_t i = 0; i < d; i++) row[i] = bf16_to_f32_vec(x[i]);
+  for (int64_t i = 0; i < d; i++) sq[i] = row[i] * row[i];
   const float inv = 1.0f / sqrtf(aten_order_sum(sq, d, lanes) / (float)d + eps);
-  for (int64_t i = 0; i < d; i++) out[i] = f32_to_bf16(row[i] * inv * bf16_to_f32(w[i]));
+  for (int64_t i = 0; i < d; i++) out[i] = f32_to_bf16_vec(row[i] * inv * bf16_to_f32_vec(w[i]));
 }
 
 static void rms_norm_rows_bf16(int64_t T, uint16_t *sum, const uint16_t *x, const uint16_t *r, const uint16_t *w,
