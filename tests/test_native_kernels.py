@@ -81,6 +81,16 @@ def test_amx_is_offered_only_for_bf16_weights_it_can_tile() -> None:
     torch.testing.assert_close(lin(x, "dpbf16"), F.linear(x, lin.weight))
 
 
+def test_the_native_bf16_norm_and_silu_find_torchs_rounding_on_this_machine() -> None:
+    """With the pinned torch on x86-64, both start-up probes succeed (else the forward silently goes back to
+    PyTorch's ops: slower, never wrong); a torch that sums or rounds otherwise fails here, to be looked at."""
+    if not native.is_available():
+        pytest.skip("no native kernels on this machine")
+    assert native.bf16_norm_lanes() in (16, 8, 4)
+    table = native.silu_bf16_table()
+    assert table is not None and table.shape == (1 << 16,) and table.dtype == torch.float32
+
+
 def test_the_aten_order_sum_is_torch_sum_at_the_width_found_and_not_at_the_others() -> None:
     """The native sum that the bf16 norm adds its squares with reproduces torch.sum's rows to the bit at the width
     `bf16_norm_lanes` found (rows of any length: shorter than a vector, leftover vectors and scalars, the
@@ -223,21 +233,41 @@ def test_bf16_runners_take_native_attention_as_close_to_fp32_as_sdpa(tiny_target
     assert native_err <= 2 * sdpa_err and native_err < 0.05 * logits[2].abs().max()
 
 
-def test_a_bf16_forward_with_the_native_norms_is_pytorchs_to_the_bit(tiny_target_dir, monkeypatch) -> None:
-    """The bf16 verify path (native attention, the residual carried into the next layer's norm pass) gives the
-    same logits and hidden states with the native norms as with PyTorch's add and RMSNorm: greedy texts, and
-    the self-distilled corpus the suffix source matches them against, stay what they were."""
-    if native.bf16_norm_lanes() is None:
-        pytest.skip("no native bf16 norm that rounds as torch's does on this machine")
+@pytest.mark.parametrize("rows", [1, 5, 40])  # 40 rows of 1536: past the serial threshold, rows shared out
+def test_bf16_silu_mul_is_pytorchs_to_the_bit_and_per_row(rows: int) -> None:
+    """The native bf16 SiLU·up (PyTorch's own SiLU of every bf16 value looked up, times up, rounded) gives F.silu's
+    chunk times up bit for bit (±0 and infinities included; a NaN stays a NaN), and each row's result is the same
+    alone as in a batch."""
+    if native.silu_bf16_table() is None:
+        pytest.skip("no native bf16 SiLU that rounds as torch's does on this machine")
+    gen = torch.Generator().manual_seed(rows)
+    for inter, scale in ((1536, 3.0), (1536, 30.0), (1000, 1.0), (24, 5.0)):
+        gate_up = (torch.randn(rows, 2 * inter, generator=gen) * scale).to(torch.bfloat16)
+        gate_up[0, :4] = torch.tensor([float("inf"), -float("inf"), 0.0, -0.0])
+        gate, up = gate_up.chunk(2, dim=-1)
+        got, want = native.silu_mul(gate_up), F.silu(gate) * up
+        assert got.dtype == torch.bfloat16 and torch.equal(got.isnan(), want.isnan())
+        assert torch.equal(got.view(torch.int16)[~want.isnan()], want.view(torch.int16)[~want.isnan()])  # ±0 too
+        assert torch.equal(torch.cat([native.silu_mul(gate_up[i:i + 1]) for i in range(rows)]).view(torch.int16),
+                           got.view(torch.int16))
+
+
+def test_a_bf16_forward_with_the_native_norms_and_silu_is_pytorchs_to_the_bit(tiny_target_dir, monkeypatch) -> None:
+    """The bf16 verify path (native attention, the residual carried into the next layer's norm pass, SiLU·up in
+    one pass) gives the same logits and hidden states with the native norms and SiLU·up as with PyTorch's ops:
+    greedy texts, and the self-distilled corpus the suffix source matches them against, stay what they were."""
+    if native.bf16_norm_lanes() is None or native.silu_bf16_table() is None:
+        pytest.skip("no native bf16 norm or SiLU that rounds as torch's does on this machine")
     bf16 = load_target(str(tiny_target_dir), "cpu", "bf16").model
     runner = TargetRunner(bf16, 3, 64, gemm_plan=GemmPlan.fixed("linear"), row_invariant=True)
     assert runner.native_attention
     gen = torch.Generator().manual_seed(5)
     seqs = [torch.randint(4, runner.vocab_size, (n,), generator=gen).tolist() for n in (30, 12, 21)]
-    lanes = native.bf16_norm_lanes()
+    lanes, table = native.bf16_norm_lanes(), native.silu_bf16_table()
     outs = []
     for on in (True, False):
         monkeypatch.setattr(native, "bf16_norm_lanes", (lambda: lanes) if on else (lambda: None))
+        monkeypatch.setattr(native, "silu_bf16_table", (lambda: table) if on else (lambda: None))
         runner.cache = type(runner.cache)(runner.num_layers, runner.num_kv_heads, runner.head_dim, 3, 64,
                                           runner.dtype, runner.device)
         slots = [runner.cache.allocate() for _ in seqs]

@@ -113,6 +113,8 @@ def library() -> ctypes.CDLL | None:
     lib.rms_norm_bf16.restype = None
     lib.aten_order_row_sums.argtypes = [i64, ptr, ptr, i64, i64]
     lib.aten_order_row_sums.restype = None
+    lib.silu_mul_bf16.argtypes = [i64, ptr, ptr, i64, ptr, i64]
+    lib.silu_mul_bf16.restype = None
     lib.amx_ready.argtypes = []
     lib.amx_ready.restype = i64
     lib.amx_pack_bf16.argtypes = [ptr, ptr, i64, i64]
@@ -350,15 +352,45 @@ def row_major(x: torch.Tensor) -> torch.Tensor:
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """SiLU(gate) * up of fp32 rows (T, 2 inter) laid out gate | up: (T, inter), one pass (PyTorch takes
-    three: the chunk, the SiLU and the product)."""
+    """SiLU(gate) * up of fp32 rows (T, 2 inter) laid out gate | up: (T, inter), one pass (PyTorch takes three: the
+    chunk, the SiLU and the product); of bf16 rows (where `silu_bf16_table` is not None) to the bit as those three
+    round them."""
     lib = _required()
     gate_up = gate_up.contiguous()
     inter = gate_up.shape[1] // 2
-    out = torch.empty(gate_up.shape[0], inter, dtype=torch.float32)
+    out = torch.empty(gate_up.shape[0], inter, dtype=gate_up.dtype)
     with traced("native::silu_mul"):
-        lib.silu_mul_f32(gate_up.shape[0], gate_up.data_ptr(), out.data_ptr(), inter, torch.get_num_threads())
+        if gate_up.dtype == torch.bfloat16:
+            table = silu_bf16_table()
+            if table is None:
+                raise RuntimeError("no native bf16 SiLU that rounds as torch's does on this machine")
+            lib.silu_mul_bf16(gate_up.shape[0], gate_up.data_ptr(), out.data_ptr(), inter, table.data_ptr(),
+                              torch.get_num_threads())
+        else:
+            lib.silu_mul_f32(gate_up.shape[0], gate_up.data_ptr(), out.data_ptr(), inter, torch.get_num_threads())
     return out
+
+
+@functools.cache
+def silu_bf16_table() -> torch.Tensor | None:
+    """PyTorch's bf16 SiLU of every one of the 65536 bf16 values, widened to fp32 (256 KB, built with F.silu once
+    per process): the native bf16 SiLU·up looks its SiLU up here, so it is torch's by construction. None (the
+    MLP stays on PyTorch's ops) without the native kernels, or where the native pass then differs from
+    F.silu(gate) * up on random rows (torch's SiLU would depend on where a value sits in a tensor)."""
+    if library() is None:
+        return None
+    every = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    table = F.silu(every).float().contiguous()
+    gen = torch.Generator().manual_seed(0)
+    for rows, inter in ((1, 1536), (37, 1536), (5, 1000)):
+        gate_up = (torch.randn(rows, 2 * inter, generator=gen) * 4).to(torch.bfloat16)
+        gate, up = gate_up.chunk(2, dim=-1)
+        out = torch.empty(rows, inter, dtype=torch.bfloat16)
+        library().silu_mul_bf16(rows, gate_up.data_ptr(), out.data_ptr(), inter, table.data_ptr(), 2)
+        if not torch.equal(out, F.silu(gate) * up):
+            log.info("native bf16 SiLU·up off: its result differs from torch's here")
+            return None
+    return table
 
 
 @dataclass

@@ -35,6 +35,13 @@ def _native_norm_rows(x: torch.Tensor) -> bool:
             and (x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and native.bf16_norm_lanes() is not None)))
 
 
+def _native_silu_rows(h: torch.Tensor) -> bool:
+    """CPU rows (T, d) whose MLP takes the native one-pass SiLU·up: fp32, or bf16 where it rounds as PyTorch's
+    to the bit (`native.silu_bf16_table`)."""
+    return (h.device.type == "cpu" and h.dim() == 2 and native.is_available()
+            and (h.dtype == torch.float32 or (h.dtype == torch.bfloat16 and native.silu_bf16_table() is not None)))
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, allow_native: bool = True) -> torch.Tensor:
     """RMSNorm over the last dim. A weight kept in fp32 for a low-precision x (Gemma's 1 + w) normalises in
     fp32 and rounds once, as HF does; fp32 and bf16 CPU rows take the native one-pass kernel where allowed."""
@@ -80,7 +87,7 @@ def attention_out_and_mlp_parts(layer: LayerWeights, x: torch.Tensor, attn: torc
                         layer.post_norm, eps)
     if layer.moe is not None:
         y = layer.moe(h)
-    elif activation == "silu" and h.dtype == torch.float32 and h.device.type == "cpu" and native.is_available():
+    elif activation == "silu" and _native_silu_rows(h):
         y = layer.down(native.silu_mul(layer.gate_up(h, kernel)), kernel)  # one pass for SiLU·up
     else:
         gate, up = layer.gate_up(h, kernel).chunk(2, dim=-1)

@@ -1,7 +1,8 @@
-"""Session 51: the native bf16 norm (the residual add and RMSNorm in one pass, PyTorch's result to the bit) against
-PyTorch's add and composite RMSNorm, side by side in one process. Four engines: target-only and the hybrid
-(Algorithm 1, the draft gate on, the shipped profile), each with PyTorch's norms (`target-only`, `hybrid-torch`)
-and with the native ones (`target-native`, `hybrid-native`); each engine's forwards pinned to its norm. Batch 1:
+"""Session 51: the native bf16 passes (the residual add and RMSNorm in one, SiLU·up in one; PyTorch's results to the
+bit) against PyTorch's ops, side by side in one process. Four engines: target-only and the hybrid (Algorithm 1, the
+draft gate on, the shipped profile), each on PyTorch's ops (`target-only`, `hybrid-torch`) and on the native passes
+(`target-native`, `hybrid-native`); each engine's forwards pinned to its ops (NATIVE=norms: the norms alone, as
+`norm_ab_norms_5c35b2e.json` was made). Batch 1:
 NUM mixed prompts, the arms in turn on each prompt (`run_interleaved`); batch B > 1: WAVES x B prompts through B
 slots, arm by arm in turn, ROUNDS rounds (`run_refilled_in_turn`). Greedy, 128 tokens; outputs compared across
 the four arms. Prints one JSON line: tok/s per arm and the ratios that matter (hybrid / target-only with the same
@@ -11,6 +12,7 @@ norms, native / torch for each).
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from dspark.bench.decode import BASE, _engine, mixed_frame, run_interleaved, run_refilled_in_turn
@@ -20,9 +22,10 @@ from dspark.kernels.machine import cpu_signature
 batches = [int(b) for b in (sys.argv[1] if len(sys.argv) > 1 else "1,4,8").split(",")]
 rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 2
 waves, max_new, num_b1 = 4, 128, 24
-lanes = native.bf16_norm_lanes()
-assert lanes is not None, "no native bf16 norm on this machine"
-on, off = native.bf16_norm_lanes, (lambda: None)
+lanes, table = native.bf16_norm_lanes(), native.silu_bf16_table()
+assert lanes is not None and table is not None, "no native bf16 norm or SiLU on this machine"
+norms_only = os.environ.get("NATIVE") == "norms"
+on, off = (native.bf16_norm_lanes, native.silu_bf16_table), (lambda: None, lambda: None)
 target, labelled, max_len = mixed_frame(max(num_b1, max(batches) * waves), max_new)
 prompts = [p for _, p in labelled]
 
@@ -31,7 +34,8 @@ def pinned(engine, use_native: bool):
     forward = engine.runner.forward
 
     def run(*args, **kwargs):
-        native.bf16_norm_lanes = on if use_native else off
+        native.bf16_norm_lanes = (on if use_native else off)[0]
+        native.silu_bf16_table = (on if use_native and not norms_only else off)[1]
         return forward(*args, **kwargs)
 
     engine.runner.forward = run
@@ -65,5 +69,6 @@ for bs in batches:
                                                 "native": round(steady["hybrid-native"] / steady["target-native"], 3)}
     out["by_batch"][bs] = res
     print(json.dumps({bs: res}), file=sys.stderr, flush=True)
-native.bf16_norm_lanes = on
+native.bf16_norm_lanes, native.silu_bf16_table = on
+out["native"] = "norms" if norms_only else "norms and SiLU·up"
 print(json.dumps(out))
