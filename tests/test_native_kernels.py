@@ -81,6 +81,26 @@ def test_amx_is_offered_only_for_bf16_weights_it_can_tile() -> None:
     torch.testing.assert_close(lin(x, "dpbf16"), F.linear(x, lin.weight))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_argmax_rows_is_torch_max_indices(dtype: torch.dtype) -> None:
+    """Greedy acceptance's argmax: the same index as torch.max(dim=-1) on every row, including ties (the first),
+    -0 beside +0, a row of -inf, NaNs (the first NaN), rows not a multiple of the vector width, and a strided view."""
+    gen = torch.Generator().manual_seed(11)
+    for vocab in (49152, 1000, 37, 5):
+        x = (torch.randn(40, vocab, generator=gen) * 3).to(dtype)
+        x[0, vocab // 3] = x[0, vocab - 1] = x[0].max() + 1  # a tie
+        x[1, vocab // 2] = float("nan")
+        x[1, vocab - 1] = float("nan")
+        x[2] = -float("inf")
+        x[3] = 0.0
+        x[3, vocab // 2] = -0.0
+        x[4, 0] = float("inf")
+        x[5] = x[5].round()  # many equal values
+        assert torch.equal(native.argmax_rows(x), x.max(dim=-1).indices), vocab
+        view = torch.randn(12, 2 * vocab, generator=gen).to(dtype)[:, :vocab]  # rows apart by their stride
+        assert torch.equal(native.argmax_rows(view), view.max(dim=-1).indices)
+
+
 def test_the_native_bf16_norm_and_silu_find_torchs_rounding_on_this_machine() -> None:
     """With the pinned torch on x86-64, both start-up probes succeed (else the forward silently goes back to
     PyTorch's ops: slower, never wrong); a torch that sums or rounds otherwise fails here, to be looked at."""

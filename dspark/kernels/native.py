@@ -115,6 +115,8 @@ def library() -> ctypes.CDLL | None:
     lib.aten_order_row_sums.restype = None
     lib.silu_mul_bf16.argtypes = [i64, ptr, ptr, i64, ptr, i64]
     lib.silu_mul_bf16.restype = None
+    lib.argmax_rows.argtypes = [i64, ptr, i64, i64, i64, ptr, i64]
+    lib.argmax_rows.restype = None
     lib.amx_ready.argtypes = []
     lib.amx_ready.restype = i64
     lib.amx_pack_bf16.argtypes = [ptr, ptr, i64, i64]
@@ -368,6 +370,20 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
                               torch.get_num_threads())
         else:
             lib.silu_mul_f32(gate_up.shape[0], gate_up.data_ptr(), out.data_ptr(), inter, torch.get_num_threads())
+    return out
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """logits.max(dim=-1).indices of fp32 or bf16 CPU rows (T, V) whose rows are contiguous (the first of equal
+    maxima; a row's first NaN where it has one), in one native pass over each row. Anything else: torch's."""
+    lib = library()
+    if (lib is None or logits.dim() != 2 or logits.device.type != "cpu" or logits.stride(-1) != 1
+            or logits.dtype not in (torch.float32, torch.bfloat16) or logits.shape[1] == 0):
+        return logits.max(dim=-1).indices
+    out = torch.empty(logits.shape[0], dtype=torch.int64)
+    with traced("native::argmax_rows"):
+        lib.argmax_rows(logits.shape[0], logits.data_ptr(), logits.shape[1], logits.stride(0),
+                        int(logits.dtype == torch.bfloat16), out.data_ptr(), torch.get_num_threads())
     return out
 
 

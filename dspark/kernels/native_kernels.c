@@ -1273,6 +1273,61 @@ void silu_mul_bf16(int64_t T, const uint16_t *gate_up, uint16_t *out, int64_t in
   silu_mul_rows_bf16(T, gate_up, out, inter, table, &next);
 }
 
+/* ---- Greedy acceptance's argmax over rows of logits, as torch.max(dim=-1).indices gives it. ----
+ * Each row: the index of its largest value, the first of equal maxima (-0 and +0 equal); a row holding a NaN gives
+ * its first NaN (torch's max propagates NaN). fp32 or bf16 rows (row stride `stride` elements). PyTorch's max over
+ * a verify step's rows of 49,152 bf16 logits took 0.37 ms at 8 rows and 0.58 at 15 on a Zen 4: a pass that widens
+ * 16 values at a time and keeps a vector of maxima, then one that finds the first equal, rows shared by threads. */
+static inline float logit_at(const void *row, int64_t i, int bf16) {
+  return bf16 ? bf16_to_f32(((const uint16_t *)row)[i]) : ((const float *)row)[i];
+}
+
+static int64_t argmax_row(const void *row, int64_t n, int bf16) {
+  float mx = -INFINITY;
+  int nan = 0;
+  int64_t i = 0;
+#ifdef __AVX512F__
+  __m512 vmx = _mm512_set1_ps(-INFINITY);
+  __mmask16 vnan = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 v = bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(
+                          _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i))), 16))
+                    : _mm512_loadu_ps((const float *)row + i);
+    vnan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    vmx = _mm512_max_ps(vmx, v);
+  }
+  nan = vnan != 0;
+  mx = _mm512_reduce_max_ps(vmx);
+#endif
+  for (; i < n; i++) {
+    float v = logit_at(row, i, bf16);
+    nan |= v != v;
+    mx = v > mx ? v : mx;
+  }
+  int64_t j = 0;
+#ifdef __AVX512F__
+  const __m512 target = _mm512_set1_ps(mx);
+  for (; j + 16 <= n; j += 16) {
+    __m512 v = bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(
+                          _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + j))), 16))
+                    : _mm512_loadu_ps((const float *)row + j);
+    __mmask16 hit = nan ? _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) : _mm512_cmp_ps_mask(v, target, _CMP_EQ_OQ);
+    if (hit) return j + __builtin_ctz((unsigned)hit);
+  }
+#endif
+  for (; j < n; j++) {
+    float v = logit_at(row, j, bf16);
+    if (nan ? v != v : v == mx) return j;
+  }
+  return 0; /* a row of -inf only: its first */
+}
+
+void argmax_rows(int64_t T, const void *x, int64_t n, int64_t stride, int64_t bf16, int64_t *out, int64_t nt) {
+#pragma omp parallel for num_threads(T > 1 && nt > 1 ? nt : 1) schedule(static)
+  for (int64_t t = 0; t < T; t++)
+    out[t] = argmax_row((const char *)x + t * stride * (bf16 ? 2 : 4), n, (int)bf16);
+}
+
 /* dst (cols, rows) = src (rows, cols; row stride src_stride) transposed, for elements of 2 or 4 bytes. The LM
  * head's W @ xᵀ leaves a step's logits as (V, T) and every consumer reduces over one token's row (argmax,
  * sampling): PyTorch's strided copy of that bf16 view ran at ~0.6 GB/s (10 ms for 60 x 49,152 on one AMX Xeon
