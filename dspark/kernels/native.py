@@ -366,11 +366,15 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
             table = silu_bf16_table()
             if table is None:
                 raise RuntimeError("no native bf16 SiLU that rounds as torch's does on this machine")
-            lib.silu_mul_bf16(gate_up.shape[0], gate_up.data_ptr(), out.data_ptr(), inter, table.data_ptr(),
-                              torch.get_num_threads())
+            _silu_mul_bf16(lib, gate_up, out, table)
         else:
             lib.silu_mul_f32(gate_up.shape[0], gate_up.data_ptr(), out.data_ptr(), inter, torch.get_num_threads())
     return out
+
+
+def _silu_mul_bf16(lib: ctypes.CDLL, gate_up: torch.Tensor, out: torch.Tensor, table: torch.Tensor) -> None:
+    lib.silu_mul_bf16(gate_up.shape[0], gate_up.data_ptr(), out.data_ptr(), out.shape[1], table.data_ptr(),
+                      torch.get_num_threads())
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
@@ -402,7 +406,7 @@ def silu_bf16_table() -> torch.Tensor | None:
         gate_up = (torch.randn(rows, 2 * inter, generator=gen) * 4).to(torch.bfloat16)
         gate, up = gate_up.chunk(2, dim=-1)
         out = torch.empty(rows, inter, dtype=torch.bfloat16)
-        library().silu_mul_bf16(rows, gate_up.data_ptr(), out.data_ptr(), inter, table.data_ptr(), 2)
+        _silu_mul_bf16(library(), gate_up, out, table)
         if not torch.equal(out, F.silu(gate) * up):
             log.info("native bf16 SiLU·up off: its result differs from torch's here")
             return None

@@ -416,11 +416,19 @@ static inline float bf16_to_f32(uint16_t h) {
   return c.f;
 }
 
-static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch's .to(bfloat16) */
-  union { float f; uint32_t u; } c = {.f = f};
-  if ((c.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((c.u >> 16) | 0x40); /* NaN stays NaN */
-  return (uint16_t)((c.u + 0x7fffu + ((c.u >> 16) & 1u)) >> 16);
+static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch's .to(bfloat16); a select, not a
+                                                  * branch, for NaN (which stays NaN): loops over it vectorise */
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, nan = (u >> 16) | 0x40;
+  return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
 }
+
+#ifdef __AVX512F__
+static inline __m512 widen16_bf16(const uint16_t *p) { /* 16 bf16 -> fp32, exactly */
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+#endif
 
 /* n elements of an fp32 (bf16 = 0) or bf16 (bf16 = 1) array from element offset `at`, as fp32 in buf; an fp32
  * array is returned in place. */
@@ -1179,34 +1187,20 @@ void aten_order_row_sums(int64_t T, const float *x, float *out, int64_t n, int64
   for (int64_t t = 0; t < T; t++) out[t] = aten_order_sum(x + t * n, n, lanes);
 }
 
-static inline uint16_t f32_to_bf16_vec(float f) { /* f32_to_bf16 with a select for its branch: it vectorises */
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, nan = (u >> 16) | 0x40;
-  return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
-}
-
-static inline float bf16_to_f32_vec(uint16_t h) {
-  uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
 __attribute__((optimize("fp-contract=off"))) static void rms_norm_row_bf16(
     uint16_t *restrict sum, const uint16_t *restrict x, const uint16_t *restrict r, const uint16_t *restrict w,
     uint16_t *restrict out, int64_t d, float eps, int64_t lanes, float *restrict row, float *restrict sq) {
   if (r)
     for (int64_t i = 0; i < d; i++) {
-      uint16_t h = f32_to_bf16_vec(bf16_to_f32_vec(x[i]) + bf16_to_f32_vec(r[i]));
+      uint16_t h = f32_to_bf16(bf16_to_f32(x[i]) + bf16_to_f32(r[i]));
       sum[i] = h;
-      row[i] = bf16_to_f32_vec(h);
+      row[i] = bf16_to_f32(h);
     }
   else
-    for (int64_t i = 0; i < d; i++) row[i] = bf16_to_f32_vec(x[i]);
+    for (int64_t i = 0; i < d; i++) row[i] = bf16_to_f32(x[i]);
   for (int64_t i = 0; i < d; i++) sq[i] = row[i] * row[i];
   const float inv = 1.0f / sqrtf(aten_order_sum(sq, d, lanes) / (float)d + eps);
-  for (int64_t i = 0; i < d; i++) out[i] = f32_to_bf16_vec(row[i] * inv * bf16_to_f32_vec(w[i]));
+  for (int64_t i = 0; i < d; i++) out[i] = f32_to_bf16(row[i] * inv * bf16_to_f32(w[i]));
 }
 
 static void rms_norm_rows_bf16(int64_t T, uint16_t *sum, const uint16_t *x, const uint16_t *r, const uint16_t *w,
@@ -1246,12 +1240,11 @@ static void silu_mul_row_bf16(const uint16_t *restrict g, const uint16_t *restri
 #ifdef __AVX512F__
   for (; i + 16 <= n; i += 16) {
     __m512 s = _mm512_i32gather_ps(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(g + i))), table, 4);
-    __m512 w = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(u + i))), 16));
-    _mm512_storeu_ps(prod + i, _mm512_mul_ps(s, w));
+    _mm512_storeu_ps(prod + i, _mm512_mul_ps(s, widen16_bf16(u + i)));
   }
 #endif
-  for (; i < n; i++) prod[i] = table[g[i]] * bf16_to_f32_vec(u[i]);
-  for (int64_t j = 0; j < n; j++) o[j] = f32_to_bf16_vec(prod[j]);
+  for (; i < n; i++) prod[i] = table[g[i]] * bf16_to_f32(u[i]);
+  for (int64_t j = 0; j < n; j++) o[j] = f32_to_bf16(prod[j]);
 }
 
 static void silu_mul_rows_bf16(int64_t T, const uint16_t *gate_up, uint16_t *out, int64_t inter, const float *table,
@@ -1290,9 +1283,7 @@ static int64_t argmax_row(const void *row, int64_t n, int bf16) {
   __m512 vmx = _mm512_set1_ps(-INFINITY);
   __mmask16 vnan = 0;
   for (; i + 16 <= n; i += 16) {
-    __m512 v = bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(
-                          _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i))), 16))
-                    : _mm512_loadu_ps((const float *)row + i);
+    __m512 v = bf16 ? widen16_bf16((const uint16_t *)row + i) : _mm512_loadu_ps((const float *)row + i);
     vnan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
     vmx = _mm512_max_ps(vmx, v);
   }
@@ -1308,9 +1299,7 @@ static int64_t argmax_row(const void *row, int64_t n, int bf16) {
 #ifdef __AVX512F__
   const __m512 target = _mm512_set1_ps(mx);
   for (; j + 16 <= n; j += 16) {
-    __m512 v = bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(
-                          _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + j))), 16))
-                    : _mm512_loadu_ps((const float *)row + j);
+    __m512 v = bf16 ? widen16_bf16((const uint16_t *)row + j) : _mm512_loadu_ps((const float *)row + j);
     __mmask16 hit = nan ? _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) : _mm512_cmp_ps_mask(v, target, _CMP_EQ_OQ);
     if (hit) return j + __builtin_ctz((unsigned)hit);
   }
