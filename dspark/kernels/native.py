@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from dspark.kernels import cache_once
+from dspark.kernels import cache_once, huge_pages
 from dspark.kernels.cache_once import cache_dir
 from dspark.kernels.machine import ISA_ENV, cpu_signature
 
@@ -161,7 +161,8 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     size_out, size_in = weight.shape
     pad = -size_out % lib.native_tile_outputs()
     w = torch.cat([weight, weight.new_zeros(pad, size_in)]) if pad else weight
-    return w.view(-1, 16, size_in).transpose(1, 2).contiguous()
+    tiles = w.view(-1, 16, size_in).transpose(1, 2)
+    return huge_pages.empty(tiles.shape, weight.dtype).copy_(tiles)  # streamed every step: on huge pages
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, size_out: int, name: str = "gemm") -> torch.Tensor:
@@ -212,7 +213,7 @@ def amx_pack(weight: torch.Tensor) -> torch.Tensor:
     """(out, in) bf16 -> the AMX kernel's layout: (out / 16, in / 32, 16, 16, 2), one B tile per block."""
     lib = _required()
     weight = weight.contiguous()
-    packed = torch.empty(weight.numel(), dtype=torch.bfloat16)
+    packed = huge_pages.empty((weight.numel(),), torch.bfloat16)  # streamed every step: on huge pages
     lib.amx_pack_bf16(weight.data_ptr(), packed.data_ptr(), weight.shape[0], weight.shape[1])
     return packed
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from dspark.kernels import huge_pages
+
 
 class SlotPool:
     """Request slots 0..num_active-1, kept dense: freeing a slot moves the last active one into it. Subclasses
@@ -58,9 +60,15 @@ class KVCachePool(SlotPool):
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_num_seqs: int,
                  max_model_len: int, dtype: torch.dtype, device: torch.device) -> None:
         shape = (max_num_seqs, max_model_len, num_kv_heads, head_dim)
-        # zeros, not empty: masked keys still enter P@V, and 0 * NaN garbage would poison valid rows
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # zeros, not empty: masked keys still enter P@V, and 0 * NaN garbage would poison valid rows. On the CPU on
+        # huge pages: attention streams each request's keys and values every step (kernels/huge_pages.py)
+        def zeros() -> torch.Tensor:
+            if torch.device(device).type == "cpu":
+                return huge_pages.zeros(shape, dtype)
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        self.k = [zeros() for _ in range(num_layers)]
+        self.v = [zeros() for _ in range(num_layers)]
         super().__init__(max_num_seqs, max_model_len)
 
     def _move(self, src: int, dst: int) -> None:
