@@ -304,13 +304,14 @@ typedef int32_t dp_i32 __attribute__((may_alias));
  * `blocked` 0 (a compile-time constant): the whole of K, accumulators from zero, bf16 out. `blocked` 1: the
  * accumulators start at zero on the `first` k block, else from `acc` (fp32, per row 64 floats: block 0 even,
  * block 0 odd, block 1 even, block 1 odd), and go back there unless `y` is given (the last k block), where the
- * even and odd sums are added and rounded to bf16; with `pf` > 0 each step also asks for the weights `pf` pairs
- * ahead into L2 (past the pair's end that is the next column pair's start; a prefetch past the weights' end is
- * dropped, it does not fault). fp32 out and back in is exact: the same sums in the same order as one pass. */
+ * even and odd sums are added and rounded to bf16; with `pf` > 0 every `pf_every`-th step (the first after
+ * `pf_skip` steps) also asks for the weights `pf` pairs ahead into L2 (past the pair's end that is the next column
+ * pair's start; a prefetch past the weights' end is dropped, it does not fault). fp32 out and back in is exact: the
+ * same sums in the same order as one pass. */
 static inline __attribute__((always_inline)) void dp_tile(const int R, const uint16_t *x, int64_t K,
                                                           const uint16_t *b0, const uint16_t *b1, int64_t j0,
                                                           int64_t j1, float *acc, int first, uint16_t *y, int64_t ldy,
-                                                          int64_t pf, const int blocked) {
+                                                          int64_t pf, int pf_every, int pf_skip, const int blocked) {
   __m512 c0[DP_R][2], c1[DP_R][2]; /* [row][even, odd pairs], column block 0 and 1 */
   for (int r = 0; r < R; r++) {
     if (!blocked || first) {
@@ -323,7 +324,8 @@ static inline __attribute__((always_inline)) void dp_tile(const int R, const uin
   for (int64_t j = j0; j < j1; j += 2) {
     __m512bh w0 = (__m512bh)_mm512_loadu_si512(b0 + 32 * j), w1 = (__m512bh)_mm512_loadu_si512(b1 + 32 * j);
     __m512bh v0 = (__m512bh)_mm512_loadu_si512(b0 + 32 * j + 32), v1 = (__m512bh)_mm512_loadu_si512(b1 + 32 * j + 32);
-    if (blocked && pf) {
+    if (blocked && pf && --pf_skip < 0) {
+      pf_skip = pf_every - 1;
       __builtin_prefetch(b0 + 32 * (j + pf), 0, DP_PF_HINT), __builtin_prefetch(b0 + 32 * (j + pf) + 32, 0, DP_PF_HINT);
       __builtin_prefetch(b1 + 32 * (j + pf), 0, DP_PF_HINT), __builtin_prefetch(b1 + 32 * (j + pf) + 32, 0, DP_PF_HINT);
     }
@@ -349,25 +351,42 @@ static inline __attribute__((always_inline)) void dp_tile(const int R, const uin
 }
 
 /* One column pair's k block for all M rows, DP_R rows a tile; `blocked` 0: the whole of K in one go (no scratch, no
- * prefetch: the code of a single pass, specialised at compile time). */
+ * prefetch: the code of a single pass, specialised at compile time). Prefetch: up to DP_SPREAD_ROWS - 1 rows (the
+ * weights' streaming outlasts the compute) the first tile asks for the whole next k block as it goes; from
+ * DP_SPREAD_ROWS rows (the compute outlasts the streaming) the tiles take turns step by step, each asking for one
+ * step's weights of the NEXT column pair in n (tile t: the steps ≡ t mod n, n the tile count): requests go out at an
+ * even pace over the whole compute, a column pair ahead, instead of in a burst during the first tile, the other
+ * tiles computing while nothing streams. `spread` is set only where the next column pair is this thread's next one
+ * (not at the end of its run of pairs: there another thread reads it, and asking for it again cost the forward
+ * 7-12 % at 16 rows). Zen 4 EPYC, SmolLM2's GEMMs on huge pages (docs/results/suffix/s52/gemm): the kernels alone
+ * 0.94-0.97x at 10-24 rows; the forward 0.96-0.98x at 4 x 3, 8 x 2, 16 x 1 and 32 x 2 tokens, ~1.0 up to 8 rows. At
+ * 8 rows spreading was 1.02-1.04x (slower), so there the burst stays. */
+#ifndef DP_SPREAD_ROWS
+#define DP_SPREAD_ROWS 9
+#endif
 static inline __attribute__((always_inline)) void dp_rows(const uint16_t *x, int64_t M, int64_t K, int64_t N,
                                                           const uint16_t *b0, const uint16_t *b1, int64_t j0,
                                                           int64_t j1, float *acc, int last, uint16_t *y,
-                                                          const int blocked) {
+                                                          int spread, const int blocked) {
   for (int64_t m = 0; m < M; m += DP_R) {
     const uint16_t *xm = x + m * K;
     float *am = blocked ? acc + 64 * m : NULL;
     uint16_t *ym = last ? y + m * N : NULL;
     const int first = j0 == 0;
-    const int64_t pf = m == 0 ? DP_PF_AHEAD : 0; /* read only where blocked */
-    TILE_DISPATCH(dp_tile, M - m, xm, K, b0, b1, j0, j1, am, first, ym, N, pf, blocked);
+    int64_t pf = m == 0 ? DP_PF_AHEAD : 0; /* read only where blocked */
+    int pf_every = 1, pf_skip = 0;
+    if (spread) { /* K pairs ahead: the next column pair's block at the same k (its two blocks 32K on) */
+      const int tiles = (int)((M + DP_R - 1) / DP_R);
+      pf = K, pf_every = tiles, pf_skip = (int)(m / DP_R);
+    }
+    TILE_DISPATCH(dp_tile, M - m, xm, K, b0, b1, j0, j1, am, first, ym, N, pf, pf_every, pf_skip, blocked);
   }
 }
 
 /* Rows past one tile take the column pair's weights a k block at a time (DP_KP pairs, 128 * DP_KP bytes of both
  * blocks) through every row tile before the next block, the tiles' sums parked in `acc` between blocks, and the
- * first tile prefetches the next block into L2 (PREFETCHT1) while it computes: the weights stream during the
- * compute of every tile. Whole-K passes instead streamed a column pair from DRAM in the first tile's pass, the
+ * weights ahead are prefetched into L2 (PREFETCHT1; which and when: dp_rows) while the tiles compute: the weights
+ * stream during the compute of every tile. Whole-K passes instead streamed a column pair from DRAM in the first tile's pass, the
  * other tiles then computing from cache with nothing streaming. Measured on a Zen 4 EPYC, all of SmolLM2's GEMMs
  * (docs/results/suffix/s50/gemm): 0.88-0.94x at 8-24 rows, 0.97-1.00 at 32-48; the blocks without the prefetch
  * were 1.03-1.13x (slower), prefetching into L1 (T0) 1.08-1.14x, a block of 32 or 128 pairs or two blocks ahead no
@@ -386,12 +405,14 @@ void gemm_dpbf16(const uint16_t *x, const uint16_t *p, uint16_t *y, int64_t M, i
       for (int64_t np = lo; np < lo + chunk && np < npairs; np++) {
         const uint16_t *b0 = p + 2 * np * kbs * 512, *b1 = b0 + kbs * 512;
         if (kp == P) {
-          dp_rows(x, M, K, N, b0, b1, 0, P, NULL, 1, y + np * 32, 0);
+          dp_rows(x, M, K, N, b0, b1, 0, P, NULL, 1, y + np * 32, 0, 0);
           continue;
         }
+        /* spread: only where the next column pair is this thread's next (the end of a run: the next block) */
+        const int spread = M >= DP_SPREAD_ROWS && np + 1 < lo + chunk && np + 1 < npairs;
         for (int64_t j0 = 0; j0 < P; j0 += kp) {
           int64_t j1 = j0 + kp < P ? j0 + kp : P;
-          dp_rows(x, M, K, N, b0, b1, j0, j1, acc, j1 == P, y + np * 32, 1);
+          dp_rows(x, M, K, N, b0, b1, j0, j1, acc, j1 == P, y + np * 32, spread, 1);
         }
       }
   }
