@@ -416,3 +416,34 @@ def hybrid_variants_in_turn(target: TargetModel, prompts: list[list[int]], max_l
             "tau": round(arm.tau, 3), "verify_len": round(arm.mean_verify_len, 3),
             "greedy_identical": arm.outputs == base.outputs}
     return summary, engines
+
+
+def change_ab(engines: dict[str, Engine], old: str, new: str, prompts: list[list[int]], batch_size: int,
+              max_new_tokens: int, rounds: int, num_batch1: int, waves: int) -> dict:
+    """A change's A/B in the engine, four engines in one process: target-only and the hybrid each without it
+    (`BASE`, f"hybrid-{old}") and with it (f"target-{new}", f"hybrid-{new}"). Batch 1: the first `num_batch1`
+    prompts, the arms in turn on each (`run_interleaved`); batch B > 1: `waves` x B prompts through B slots, arm by
+    arm in turn (`run_refilled_in_turn`); `rounds` rounds. Tok/s and τ per arm, hybrid / target-only on each side,
+    new / old for each, whether greedy outputs agree across all four, and at B > 1 each round's tok/s and the
+    steady state's hybrid / target-only."""
+    t_new, h_old, h_new = f"target-{new}", f"hybrid-{old}", f"hybrid-{new}"
+    if batch_size == 1:
+        arms, per_round = run_interleaved(engines, prompts[:num_batch1], max_new_tokens, rounds), None
+    else:
+        arms, per_round = run_refilled_in_turn(engines, prompts[:batch_size * waves], batch_size, max_new_tokens,
+                                               rounds)
+    tok = {n: a.tok_s for n, a in arms.items()}
+    steady = {n: a.steady_tok_s for n, a in arms.items()}
+    res = {"tok_s": {n: round(v, 1) for n, v in tok.items()},
+           "tau": {n: round(a.tau, 3) for n, a in arms.items()},
+           "hybrid_over_target": {old: round(tok[h_old] / tok[BASE], 3), new: round(tok[h_new] / tok[t_new], 3)},
+           f"{new}_over_{old}": {"target": round(tok[t_new] / tok[BASE], 3),
+                                 "hybrid": round(tok[h_new] / tok[h_old], 3)},
+           "greedy_identical_across_arms": all(a.outputs == arms[BASE].outputs for a in arms.values())}
+    if per_round:
+        res["per_round_tok_s"] = {n: [round(v, 1) for v in r] for n, r in per_round.items()}
+        st = {n: v for n, v in steady.items() if v}
+        if len(st) == len(steady):
+            res["steady_hybrid_over_target"] = {old: round(st[h_old] / st[BASE], 3),
+                                                new: round(st[h_new] / st[t_new], 3)}
+    return res

@@ -3,8 +3,8 @@ side in one process. Four engines: target-only and the hybrid (Algorithm 1, the 
 profile), each with its runner's weights packed and its KV cache allocated on 4 KiB pages (DSPARK_HUGE_PAGES=0
 while it is built and packs: `4k`) and on huge pages (`huge`). Batch 1: NUM mixed prompts, the arms in turn on
 each prompt (`run_interleaved`); batch B > 1: WAVES x B prompts through B slots, arm by arm in turn, ROUNDS rounds
-(`run_refilled_in_turn`). Greedy, 128 tokens; outputs compared across the four arms. Prints one JSON line: tok/s
-per arm, hybrid / target-only on the same pages, huge / 4k for each.
+(`run_refilled_in_turn`); `dspark.bench.decode.change_ab`. Greedy, 128 tokens; outputs compared across the four arms.
+Prints one JSON line: tok/s per arm, hybrid / target-only on the same pages, huge / 4k for each.
     .venv/bin/python docs/results/suffix/s52/huge_pages/engine_ab.py [BATCH,...] [ROUNDS] > engine_ab.json"""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 import os
 import sys
 
-from dspark.bench.decode import BASE, _engine, mixed_frame, run_interleaved, run_refilled_in_turn
+from dspark.bench.decode import BASE, _engine, change_ab, mixed_frame
 from dspark.kernels import huge_pages
 from dspark.kernels.machine import cpu_signature
 
@@ -41,25 +41,7 @@ out: dict = {"cpu": cpu_signature(), "rounds": rounds, "waves": waves, "by_batch
 for bs in batches:
     engines = {BASE: built(BASE, bs, False), "target-huge": built(BASE, bs, True),
                "hybrid-4k": built("hybrid", bs, False), "hybrid-huge": built("hybrid", bs, True)}
-    if bs == 1:
-        arms = run_interleaved(engines, prompts[:num_b1], max_new, rounds)
-        per_round = None
-    else:
-        arms, per_round = run_refilled_in_turn(engines, prompts[:bs * waves], bs, max_new, rounds)
-    tok = {n: a.tok_s for n, a in arms.items()}
-    steady = {n: a.steady_tok_s for n, a in arms.items()}
-    res = {"tok_s": {n: round(v, 1) for n, v in tok.items()},
-           "tau": {n: round(a.tau, 3) for n, a in arms.items()},
-           "hybrid_over_target": {"4k": round(tok["hybrid-4k"] / tok[BASE], 3),
-                                  "huge": round(tok["hybrid-huge"] / tok["target-huge"], 3)},
-           "huge_over_4k": {"target": round(tok["target-huge"] / tok[BASE], 3),
-                            "hybrid": round(tok["hybrid-huge"] / tok["hybrid-4k"], 3)},
-           "greedy_identical_across_arms": all(a.outputs == arms[BASE].outputs for a in arms.values())}
-    if per_round:
-        res["per_round_tok_s"] = {n: [round(v, 1) for v in r] for n, r in per_round.items()}
-        if all(steady.values()):
-            res["steady_hybrid_over_target"] = {"4k": round(steady["hybrid-4k"] / steady[BASE], 3),
-                                                "huge": round(steady["hybrid-huge"] / steady["target-huge"], 3)}
+    res = change_ab(engines, "4k", "huge", prompts, bs, max_new, rounds, num_b1, waves)
     out["by_batch"][bs] = res
     print(json.dumps({bs: res}), file=sys.stderr, flush=True)
 print(json.dumps(out))
