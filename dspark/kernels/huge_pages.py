@@ -3,11 +3,12 @@ cache.
 
 Why: a verify step reads every weight once (268 MB for SmolLM2-135M in bf16) and each request's cached keys and
 values. On 4 KiB pages that is ~65,000 pages a step; the CPUs' stream prefetchers stop at every 4 KiB boundary and
-each new page costs a TLB walk. The same AVX512-BF16 GEMM over all of SmolLM2's weights on huge pages took
-0.86-0.95x the time on 4 KiB pages at 1-32 rows (2-core Zen 4 EPYC, one process, taking turns:
-docs/results/suffix/s52/huge_pages). PyTorch's allocator gives large tensors plain `mmap`ed memory, which the
-kernel backs with huge pages only where the system's THP mode is `always`; the usual mode is `madvise` (an
-application asks per range), so this module asks: anonymous `mmap`, `madvise(MADV_HUGEPAGE)`, a tensor over it.
+each new page costs a TLB walk. 2-core Zen 4 EPYC, SmolLM2 bf16 (docs/results/suffix/s52/huge_pages): all of its
+GEMMs 0.86-0.95x the time at 1-32 rows (`gemm_pages_ab.c`), the forward 0.97-0.99x, in the engine target-only
++5 / +5 / +10 % tokens/s and the hybrid +4 / +3 / +2 % at batch 1 / 4 / 8. PyTorch's allocator gives large tensors
+plain `mmap`ed memory, which the kernel backs with huge pages only where the system's THP mode is `always`; the
+usual mode is `madvise` (an application asks per range), so this module asks: anonymous `mmap`,
+`madvise(MADV_HUGEPAGE)`, a tensor over it.
 
 Small tensors share arenas (`ARENA_BYTES` each, carved in `ALIGN`-byte steps) so a 1 MB weight does not take a
 whole 2 MiB page; an arena's mapping lives while any tensor carved from it does (each tensor holds a reference to
@@ -18,6 +19,7 @@ plain ones on whatever pages the system gives: the same values, only slower. DSP
 from __future__ import annotations
 
 import logging
+import math
 import mmap
 import os
 import threading
@@ -78,14 +80,11 @@ def _carve(nbytes: int) -> torch.Tensor:
 
 def empty(shape: tuple[int, ...] | list[int], dtype: torch.dtype) -> torch.Tensor:
     """A contiguous CPU tensor of `shape` and `dtype` on huge pages where `available()`, else `torch.empty`."""
-    numel = 1
-    for n in shape:
-        numel *= int(n)
+    numel = math.prod(shape)
     if not available() or numel == 0:
         return torch.empty(tuple(shape), dtype=dtype)
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
     try:
-        return _carve(nbytes).view(dtype).view(tuple(shape))
+        return _carve(numel * dtype.itemsize).view(dtype).view(tuple(shape))
     except (OSError, ValueError, RuntimeError) as e:  # mmap refused (limits): plain pages
         log.warning("huge pages unavailable (%s): plain pages", e)
         return torch.empty(tuple(shape), dtype=dtype)

@@ -359,8 +359,8 @@ static inline __attribute__((always_inline)) void dp_tile(const int R, const uin
  * tiles computing while nothing streams. `spread` is set only where the next column pair is this thread's next one
  * (not at the end of its run of pairs: there another thread reads it, and asking for it again cost the forward
  * 7-12 % at 16 rows). Zen 4 EPYC, SmolLM2's GEMMs on huge pages (docs/results/suffix/s52/gemm): the kernels alone
- * 0.94-0.97x at 10-24 rows; the forward 0.96-0.98x at 4 x 3, 8 x 2, 16 x 1 and 32 x 2 tokens, ~1.0 up to 8 rows. At
- * 8 rows spreading was 1.02-1.04x (slower), so there the burst stays. */
+ * 0.94-0.97x at 10-24 rows; the forward, three runs, 0.91-0.99x at 4 x 3, 8 x 2, 16 x 1 and 32 x 2 tokens, ~1.0 up
+ * to 8 rows. At 8 rows spreading was 1.02-1.04x (slower), so there the burst stays. */
 #ifndef DP_SPREAD_ROWS
 #define DP_SPREAD_ROWS 9
 #endif
@@ -386,11 +386,11 @@ static inline __attribute__((always_inline)) void dp_rows(const uint16_t *x, int
 /* Rows past one tile take the column pair's weights a k block at a time (DP_KP pairs, 128 * DP_KP bytes of both
  * blocks) through every row tile before the next block, the tiles' sums parked in `acc` between blocks, and the
  * weights ahead are prefetched into L2 (PREFETCHT1; which and when: dp_rows) while the tiles compute: the weights
- * stream during the compute of every tile. Whole-K passes instead streamed a column pair from DRAM in the first tile's pass, the
- * other tiles then computing from cache with nothing streaming. Measured on a Zen 4 EPYC, all of SmolLM2's GEMMs
- * (docs/results/suffix/s50/gemm): 0.88-0.94x at 8-24 rows, 0.97-1.00 at 32-48; the blocks without the prefetch
- * were 1.03-1.13x (slower), prefetching into L1 (T0) 1.08-1.14x, a block of 32 or 128 pairs or two blocks ahead no
- * better. The macros can be set before the source for such A/B builds. */
+ * stream during the compute of every tile. Whole-K passes instead streamed a column pair from DRAM in the first
+ * tile's pass, the other tiles then computing from cache with nothing streaming. Measured on a Zen 4 EPYC, all of
+ * SmolLM2's GEMMs (docs/results/suffix/s50/gemm): 0.88-0.94x at 8-24 rows, 0.97-1.00 at 32-48; the blocks without
+ * the prefetch were 1.03-1.13x (slower), prefetching into L1 (T0) 1.08-1.14x, a block of 32 or 128 pairs or two
+ * blocks ahead no better. The macros can be set before the source for such A/B builds. */
 #define DP_MAX_BLOCKED 96 /* rows; beyond, compute-bound: whole-K passes (no scratch) */
 
 void gemm_dpbf16(const uint16_t *x, const uint16_t *p, uint16_t *y, int64_t M, int64_t K, int64_t N, int64_t nt) {

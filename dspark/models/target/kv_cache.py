@@ -62,13 +62,12 @@ class KVCachePool(SlotPool):
         shape = (max_num_seqs, max_model_len, num_kv_heads, head_dim)
         # zeros, not empty: masked keys still enter P@V, and 0 * NaN garbage would poison valid rows. On the CPU on
         # huge pages: attention streams each request's keys and values every step (kernels/huge_pages.py)
-        def zeros() -> torch.Tensor:
-            if torch.device(device).type == "cpu":
-                return huge_pages.zeros(shape, dtype)
-            return torch.zeros(shape, dtype=dtype, device=device)
-
-        self.k = [zeros() for _ in range(num_layers)]
-        self.v = [zeros() for _ in range(num_layers)]
+        if torch.device(device).type == "cpu":
+            self.k = [huge_pages.zeros(shape, dtype) for _ in range(num_layers)]
+            self.v = [huge_pages.zeros(shape, dtype) for _ in range(num_layers)]
+        else:
+            self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+            self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         super().__init__(max_num_seqs, max_model_len)
 
     def _move(self, src: int, dst: int) -> None:
