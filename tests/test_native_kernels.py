@@ -68,6 +68,26 @@ def test_avx512_bf16_gemm_gives_each_row_what_it_gets_alone_and_what_fp32_gives_
         assert torch.equal(native.dpbf16_linear(x[1:-1], packed, 96), got[1:-1])
 
 
+@pytest.mark.skipif(not native.supports_dpbf16(torch.zeros(32, 32, dtype=torch.bfloat16)),
+                    reason="this CPU (or build) has no AVX512-BF16")
+@pytest.mark.parametrize("rows", [1, 8, 12])
+def test_avx512_bf16_gemm_writes_every_column_pair_whatever_the_thread_count(rows: int) -> None:
+    """The column pairs are split into one range per thread, taken from the front by its owner and from the back by
+    threads done with their own: with more threads than pairs, an odd count, or one, every output is written
+    and equals what the step's thread count gives bit for bit (13 pairs, the output filled with NaN before)."""
+    gen = torch.Generator().manual_seed(rows)
+    w = torch.randn(13 * 32, 64, generator=gen).to(torch.bfloat16)
+    x = torch.randn(rows, 64, generator=gen).to(torch.bfloat16)
+    packed = native.amx_pack(w)
+    one = native.dpbf16_linear(x, packed, 13 * 32)
+    for threads in (1, 2, 3, 5, 16):
+        y = torch.full((rows, 13 * 32), float("nan"), dtype=torch.bfloat16)
+        native.library().gemm_dpbf16(x.data_ptr(), packed.data_ptr(), y.data_ptr(), rows, 64, 13 * 32, threads)
+        assert torch.equal(y, one), threads
+    exact = F.linear(x.float(), w.float())
+    assert ((one.float() - exact).abs() <= 2 ** -7 * exact.abs() + 1e-3).all()
+
+
 def test_amx_is_offered_only_for_bf16_weights_it_can_tile() -> None:
     from dspark.kernels.gemm_plan import PlannedLinear
 

@@ -285,7 +285,8 @@ void amx_pack_bf16(const uint16_t *w, uint16_t *p, int64_t N, int64_t K) {
  * (two packed blocks); each output element sums its input pairs in a fixed order whatever the tile's row count
  * (even pairs and odd pairs in two accumulators, added at the end: four dependency chains per row hide the
  * instruction's latency at one row), so a row's result does not depend on the batch it is in (row-invariant, as
- * verification needs). Work is handed out in runs of column pairs from a shared counter, as in gemm_amx_bf16. */
+ * verification needs). Each thread takes the column pairs of its own range in order, then helps the others from
+ * their ends (gemm_dpbf16). */
 int64_t dpbf16_ready(void) { return 1; }
 
 #define DP_R 6 /* rows a tile (TILE_DISPATCH's most) */
@@ -356,13 +357,14 @@ static inline __attribute__((always_inline)) void dp_tile(const int R, const uin
  * DP_SPREAD_ROWS rows (the compute outlasts the streaming) the tiles take turns step by step, each asking for one
  * step's weights of the NEXT column pair in n (tile t: the steps ≡ t mod n, n the tile count): requests go out at an
  * even pace over the whole compute, a column pair ahead, instead of in a burst during the first tile, the other
- * tiles computing while nothing streams. `spread` is set only where the next column pair is this thread's next one
- * (not at the end of its run of pairs: there another thread reads it, and asking for it again cost the forward
- * 7-12 % at 16 rows). Zen 4 EPYC, SmolLM2's GEMMs on huge pages (docs/results/suffix/s52/gemm): the kernels alone
- * 0.94-0.97x at 10-24 rows; the forward, three runs, 0.91-0.99x at 4 x 3, 8 x 2, 16 x 1 and 32 x 2 tokens, ~1.0 up
- * to 8 rows. At 8 rows spreading was 1.02-1.04x (slower), so there the burst stays. */
+ * tiles computing while nothing streams. `spread` is +1 or -1, the direction this thread walks its column pairs in
+ * (the next pair, up or down: 32K elements on or back), 0 at the end of a range (the next pair is another thread's:
+ * asking for it again cost the forward 7-12 % at 16 rows). Zen 4 EPYC, SmolLM2's GEMMs on huge pages
+ * (docs/results/suffix/s52/gemm): the kernels alone 0.94-0.97x at 10-24 rows; the forward, three runs, 0.91-0.99x
+ * at 4 x 3, 8 x 2, 16 x 1 and 32 x 2 tokens. Spreading from 7 rows rather than 9 came with one range a thread (s53:
+ * with runs of a few pairs it was 1.02-1.04x at 8 rows, with a range 0.92-0.96x). */
 #ifndef DP_SPREAD_ROWS
-#define DP_SPREAD_ROWS 9
+#define DP_SPREAD_ROWS 7
 #endif
 static inline __attribute__((always_inline)) void dp_rows(const uint16_t *x, int64_t M, int64_t K, int64_t N,
                                                           const uint16_t *b0, const uint16_t *b1, int64_t j0,
@@ -377,7 +379,7 @@ static inline __attribute__((always_inline)) void dp_rows(const uint16_t *x, int
     int pf_every = 1, pf_skip = 0;
     if (spread) { /* K pairs ahead: the next column pair's block at the same k (its two blocks 32K on) */
       const int tiles = (int)((M + DP_R - 1) / DP_R);
-      pf = K, pf_every = tiles, pf_skip = (int)(m / DP_R);
+      pf = spread * K, pf_every = tiles, pf_skip = (int)(m / DP_R);
     }
     TILE_DISPATCH(dp_tile, M - m, xm, K, b0, b1, j0, j1, am, first, ym, N, pf, pf_every, pf_skip, blocked);
   }
@@ -393,28 +395,43 @@ static inline __attribute__((always_inline)) void dp_rows(const uint16_t *x, int
  * blocks ahead no better. The macros can be set before the source for such A/B builds. */
 #define DP_MAX_BLOCKED 96 /* rows; beyond, compute-bound: whole-K passes (no scratch) */
 
+/* Each thread owns a contiguous range of column pairs and walks it upwards, one long stream the hardware prefetcher
+ * follows and whose next pair is known (the spread prefetch runs through the whole range); a thread done with its
+ * own takes pairs from the others' ends downwards, so a thread the host held up is helped (a claim counter per
+ * range keeps owner and thieves apart). Handing out runs of npairs / 32 pairs from one shared counter instead (as
+ * gemm_amx_bf16 still does) left 1-3 pairs a run: the qkv, o and down GEMMs (18-30 pairs) never had their next pair
+ * prefetched. Zen 4 EPYC, SmolLM2's step (docs/results/suffix/s53/gemm): the kernels alone 0.99 / 0.99 / 0.94 /
+ * 0.86 / 0.89 / 0.91 / 0.94x at 1 / 4 / 8 / 12 / 16 / 24 / 32 rows, bit-identical. */
+#define DP_MAX_RANGES 64 /* threads with a range of their own; thread t > 64 shares thread t mod 64's */
+
 void gemm_dpbf16(const uint16_t *x, const uint16_t *p, uint16_t *y, int64_t M, int64_t K, int64_t N, int64_t nt) {
   int64_t kbs = K / 32, npairs = N / 32, P = K / 2;
   int64_t kp = M > DP_R && M <= DP_MAX_BLOCKED ? DP_KP : P;
-  atomic_llong next = 0;
+  /* per thread's range: pairs claimed (by anyone), taken from the front (its owner), taken from the back (thieves) */
+  atomic_llong claims[DP_MAX_RANGES], front[DP_MAX_RANGES], back[DP_MAX_RANGES];
+  for (int i = 0; i < DP_MAX_RANGES; i++) claims[i] = front[i] = back[i] = 0;
 #pragma omp parallel num_threads(nt)
   {
     float acc[DP_MAX_BLOCKED * 64] __attribute__((aligned(64)));
-    int64_t nth = omp_get_num_threads(), chunk = (npairs + 16 * nth - 1) / (16 * nth);
-    for (int64_t lo = atomic_fetch_add(&next, chunk); lo < npairs; lo = atomic_fetch_add(&next, chunk))
-      for (int64_t np = lo; np < lo + chunk && np < npairs; np++) {
+    int64_t nth = omp_get_num_threads(), me = omp_get_thread_num();
+    nth = nth < DP_MAX_RANGES ? nth : DP_MAX_RANGES, me %= nth;
+    for (int64_t t = 0; t < nth; t++) { /* its own range first (upwards), then the others' from their ends */
+      int64_t r = (me + t) % nth, lo = npairs * r / nth, hi = npairs * (r + 1) / nth, dir = t == 0 ? 1 : -1;
+      while (atomic_fetch_add(&claims[r], 1) < hi - lo) {
+        int64_t np = dir > 0 ? lo + atomic_fetch_add(&front[r], 1) : hi - 1 - atomic_fetch_add(&back[r], 1);
         const uint16_t *b0 = p + 2 * np * kbs * 512, *b1 = b0 + kbs * 512;
         if (kp == P) {
           dp_rows(x, M, K, N, b0, b1, 0, P, NULL, 1, y + np * 32, 0, 0);
           continue;
         }
-        /* spread: only where the next column pair is this thread's next (the end of a run: the next block) */
-        const int spread = M >= DP_SPREAD_ROWS && np + 1 < lo + chunk && np + 1 < npairs;
+        /* spread: the next pair this thread will most likely take (the last one of a range may go to the thief) */
+        const int spread = M >= DP_SPREAD_ROWS && np + dir >= lo && np + dir < hi ? (int)dir : 0;
         for (int64_t j0 = 0; j0 < P; j0 += kp) {
           int64_t j1 = j0 + kp < P ? j0 + kp : P;
           dp_rows(x, M, K, N, b0, b1, j0, j1, acc, j1 == P, y + np * 32, spread, 1);
         }
       }
+    }
   }
 }
 #else
