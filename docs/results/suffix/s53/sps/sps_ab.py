@@ -24,6 +24,7 @@ gammas = [int(g) for g in (sys.argv[3] if len(sys.argv) > 3 else "12").split(","
 waves, max_new, num_b1 = 4, 128, 24
 new = SPSTable.from_file(Path(__file__).parent.parent / "profile" / "s53_profile_bf16_median.json").monotone()
 target, labelled, max_len = mixed_frame(max(num_b1, max(batches) * waves), max_new)
+max_len += max(gammas, default=7)  # room for the longest draft block past the last token
 prompts = [p for _, p in labelled]
 
 
