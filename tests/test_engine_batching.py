@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from dspark.config.engine import EngineConfig
@@ -130,26 +129,3 @@ def test_a_round_that_prefills_prompts_drafts_past_a_shut_gate_and_schedules_wit
     engine.step()  # the second prompt rides in the first request's round: drafted, scheduled with its tokens
     assert proposals == [1] and tables[-1] == len(second)
     assert not engine.gate.should_draft(1)  # the gate itself is still shut at batch 1
-
-
-def test_the_scheduler_reads_the_profile_plus_what_the_engines_rounds_spend_beside_their_forward(tiny_target,
-                                                                                                 monkeypatch):
-    """Each round's time outside its forward (drafting, scheduling, committing, the gap to the next) is measured
-    per batch size (spec/round_cost.py), and every round schedules on T(n) plus what was measured at its size."""
-    engine = _engine(tiny_target, "greedy", max_num_seqs=2)
-    seen = []  # (added to the table, measured at the round's batch size) per round
-    real_schedule = engine.scheduler.schedule
-
-    def recording_schedule(survival, sps):  # the real scheduler, its table checked against the engine's measure
-        seen.append((sps.meta.get("fixed_ms", 0.0), engine.round_cost.fixed_ms(len(survival))))
-        for n in (1, 2, 9):
-            assert sps.step_time_ms_at(n) == pytest.approx(engine.sps.step_time_ms_at(n) + seen[-1][1])
-        return real_schedule(survival, sps)
-
-    monkeypatch.setattr(engine.scheduler, "schedule", recording_schedule)
-    for prompt in tiny_prompts(tiny_target.model.config.vocab_size)[:2]:
-        engine.add_request(prompt, SamplingParams(max_tokens=12, ignore_eos=True))
-    while engine.has_unfinished():
-        engine.step()
-    assert seen[0] == (0.0, 0.0)  # nothing measured before the first round: the forward alone
-    assert len(seen) > 3 and all(added == pytest.approx(measured) and added > 0.0 for added, measured in seen[1:])

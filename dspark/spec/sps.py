@@ -69,15 +69,6 @@ class SPSTable:
             ys.append(self.step_time_ms_at(2 + extra_tokens))
         return SPSTable(xs, ys, {**self.meta, "base_tokens": extra_tokens})
 
-    def with_fixed_ms(self, fixed_ms: float) -> SPSTable:
-        """The table of a whole round: T'(n) = T(n) + fixed_ms, the round's time that does not grow with its tokens
-        (`spec/round_cost.py`). One more verified token is then a smaller share of the step, and a scheduler given
-        this table verifies accordingly more."""
-        if fixed_ms <= 0:
-            return self
-        return SPSTable(list(self.tokens_per_step), [t + fixed_ms for t in self.step_time_ms],
-                        {**self.meta, "fixed_ms": fixed_ms})
-
     def monotone(self) -> SPSTable:
         """A copy whose step times never fall as tokens grow (isotonic least-squares fit).
 

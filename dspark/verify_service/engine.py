@@ -27,7 +27,6 @@ from dspark.models.target.loader import TargetModel, load_target
 from dspark.models.target.profiles import load_sps
 from dspark.models.target.runner import TargetRunner
 from dspark.spec.draft_gate import DraftGate
-from dspark.spec.round_cost import RoundCost
 from dspark.spec.schedulers import Scheduler, make_scheduler
 from dspark.spec.survival import AcceptanceTracker
 from dspark.spec.token_cost import TokenCost
@@ -106,10 +105,7 @@ class Engine:
         self.tracker = AcceptanceTracker(max(1, config.num_draft_tokens))
         self.gate = DraftGate() if config.draft_gate and self.sps is not None else None
         self.token_cost = TokenCost() if config.measured_token_cost and self.sps is not None else None
-        # a round's time beside its forward, added to the profile's T(n) where Algorithm 1 reads it (round_cost.py)
-        self.round_cost = RoundCost() if self.sps is not None else None
         self._last_round: tuple[float, float] | None = None  # perf_counter start and end of the last round
-        self._gap_ms = 0.0  # time between the last round and this one, prefill left out (_note_gap)
         self._forgone: set[str] = set()  # running requests whose drafter features are forgone (_feature_layers)
         self._round_layers: tuple[int, ...] = self.hidden_layers  # the layers the last round tapped
         self._prefill_ms = 0.0  # admission (prefill) time since the last round, kept out of the gate's O
@@ -211,8 +207,6 @@ class Engine:
             sps = sps.with_base_tokens(sum(len(c.token_ids) for c in riders))
         elif sps is not None and self.token_cost is not None:  # one more verified token at its measured cost
             sps = self.token_cost.table(len(active), sps)
-        if sps is not None and self.round_cost is not None:  # what a saved round saves beside the forward
-            sps = sps.with_fixed_ms(self.round_cost.fixed_ms(len(active)))
         lengths = schedule(active, draft, self.scheduler, self.tracker, sps)
         t2 = time.perf_counter()
         layers = self._round_layers = self._feature_layers()
@@ -259,13 +253,10 @@ class Engine:
     def _note_gap(self, t0: float) -> None:
         """The draft gate's overhead O: the time between the last round and this one, minus prefill of
         newly admitted requests (paid whether or not steps draft); an idle wait counts at most one round."""
-        self._gap_ms = 0.0
-        if self._last_round is not None:
+        if self.gate is not None and self._last_round is not None:
             last_start, last_end = self._last_round
             gap_ms = (t0 - last_end) * 1e3 - self._prefill_ms
-            self._gap_ms = max(0.0, min(gap_ms, (last_end - last_start) * 1e3))
-            if self.gate is not None:
-                self.gate.note_overhead(min(gap_ms, (last_end - last_start) * 1e3))
+            self.gate.note_overhead(min(gap_ms, (last_end - last_start) * 1e3))
         self._prefill_ms = 0.0
 
     def _record_round(self, active: list[Request], draft: DraftOutput, lengths: list[int], accepted: list[int],
@@ -275,10 +266,8 @@ class Engine:
         # round that also prefilled prompts (its time says little about drafting or not)
         if self.token_cost is not None and not with_riders:
             self.token_cost.record(len(active), sum(lengths), verify_ms, self.sps)  # type: ignore[arg-type]
-        round_ms = (time.perf_counter() - t0) * 1e3 + extra_draft_ms
-        if self.round_cost is not None and not with_riders:  # drafting, scheduling, committing, the gap before
-            self.round_cost.record(len(active), round_ms - verify_ms + self._gap_ms)
         if self.gate is not None and not with_riders:
+            round_ms = (time.perf_counter() - t0) * 1e3 + extra_draft_ms
             if any(draft.tokens):
                 self.gate.record(len(active), sum(lengths), sum(accepted), round_ms, verify_ms,
                                  self.sps)  # type: ignore[arg-type]

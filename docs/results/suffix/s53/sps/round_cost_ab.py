@@ -4,6 +4,7 @@ draft gate on, the shipped step curve) differing only in that (`off`: `engine.ro
 max(WAVES x B, 16) mixed prompts through B slots (continuous batching), the arms in turn (order rotated), ROUNDS
 rounds; greedy, 128 tokens (`dspark.bench.decode.hybrid_variants_in_turn`). Prints one JSON line, with F(B) as the
 `on` engine learnt it.
+Runs at commit 468f12b (the experiment, reverted in the commit after it).
     .venv/bin/python docs/results/suffix/s53/sps/round_cost_ab.py [BATCH,...] [ROUNDS] > round_cost_ab.json"""
 
 from __future__ import annotations
