@@ -377,7 +377,7 @@ static inline __attribute__((always_inline)) void dp_rows(const uint16_t *x, int
     const int first = j0 == 0;
     int64_t pf = m == 0 ? DP_PF_AHEAD : 0; /* read only where blocked */
     int pf_every = 1, pf_skip = 0;
-    if (spread) { /* K pairs ahead: the next column pair's block at the same k (its two blocks 32K on) */
+    if (spread) { /* K pairs on (or back): the next column pair's block at the same k (its two blocks 32K away) */
       const int tiles = (int)((M + DP_R - 1) / DP_R);
       pf = spread * K, pf_every = tiles, pf_skip = (int)(m / DP_R);
     }
@@ -402,23 +402,22 @@ static inline __attribute__((always_inline)) void dp_rows(const uint16_t *x, int
  * gemm_amx_bf16 still does) left 1-3 pairs a run: the qkv, o and down GEMMs (18-30 pairs) never had their next pair
  * prefetched. Zen 4 EPYC, SmolLM2's step (docs/results/suffix/s53/gemm): the kernels alone 0.99 / 0.99 / 0.94 /
  * 0.86 / 0.89 / 0.91 / 0.94x at 1 / 4 / 8 / 12 / 16 / 24 / 32 rows, bit-identical. */
-#define DP_MAX_RANGES 64 /* threads with a range of their own; thread t > 64 shares thread t mod 64's */
+#define DP_MAX_RANGES 64 /* the most threads a GEMM runs on: one range each */
 
 void gemm_dpbf16(const uint16_t *x, const uint16_t *p, uint16_t *y, int64_t M, int64_t K, int64_t N, int64_t nt) {
   int64_t kbs = K / 32, npairs = N / 32, P = K / 2;
   int64_t kp = M > DP_R && M <= DP_MAX_BLOCKED ? DP_KP : P;
-  /* per thread's range: pairs claimed (by anyone), taken from the front (its owner), taken from the back (thieves) */
-  atomic_llong claims[DP_MAX_RANGES], front[DP_MAX_RANGES], back[DP_MAX_RANGES];
-  for (int i = 0; i < DP_MAX_RANGES; i++) claims[i] = front[i] = back[i] = 0;
-#pragma omp parallel num_threads(nt)
+  /* per thread's range: pairs claimed (by its owner or a thief), and taken from its back by thieves */
+  atomic_llong claims[DP_MAX_RANGES], stolen[DP_MAX_RANGES];
+  for (int i = 0; i < DP_MAX_RANGES; i++) claims[i] = stolen[i] = 0;
+#pragma omp parallel num_threads(nt < DP_MAX_RANGES ? nt : DP_MAX_RANGES)
   {
     float acc[DP_MAX_BLOCKED * 64] __attribute__((aligned(64)));
     int64_t nth = omp_get_num_threads(), me = omp_get_thread_num();
-    nth = nth < DP_MAX_RANGES ? nth : DP_MAX_RANGES, me %= nth;
     for (int64_t t = 0; t < nth; t++) { /* its own range first (upwards), then the others' from their ends */
       int64_t r = (me + t) % nth, lo = npairs * r / nth, hi = npairs * (r + 1) / nth, dir = t == 0 ? 1 : -1;
-      while (atomic_fetch_add(&claims[r], 1) < hi - lo) {
-        int64_t np = dir > 0 ? lo + atomic_fetch_add(&front[r], 1) : hi - 1 - atomic_fetch_add(&back[r], 1);
+      for (int64_t own = 0; atomic_fetch_add(&claims[r], 1) < hi - lo; own++) {
+        int64_t np = dir > 0 ? lo + own : hi - 1 - atomic_fetch_add(&stolen[r], 1);
         const uint16_t *b0 = p + 2 * np * kbs * 512, *b1 = b0 + kbs * 512;
         if (kp == P) {
           dp_rows(x, M, K, N, b0, b1, 0, P, NULL, 1, y + np * 32, 0, 0);
