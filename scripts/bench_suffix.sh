@@ -2,7 +2,8 @@
 # Issue 28's speed figures in one go, each a side-by-side run on this machine (nothing else should run):
 #   1. `dspark bench decode`: the hybrid against the suffix sources alone, prompt lookup, DSpark and the
 #      oracle, at batch 1 and 8, every drafter under Algorithm 1 (greedy scheduler), per domain; at batch 1
-#      the arms take turns prompt by prompt, ROUNDS (default 2) times over the prompts; at batch 8 (32
+#      the arms take turns prompt by prompt over NUM_PROMPTS (default 8: 2 math, 4 code, 2 chat; 24 gives 6
+#      chat prompts where 2 are a thin sample), ROUNDS (default 2) times over the prompts; at batch 8 (32
 #      prompts through 8 slots) they take turns run by run, ROUNDS runs each;
 #   2. `dspark bench serve --interleave`: no-spec, the hybrid under Algorithm 1 ("scheduled") and MTP-1 over
 #      HTTP, C = LEVELS (default 1..32), 128 tokens, PASSES (default 2) interleaved passes per level, WAVES
@@ -34,7 +35,7 @@ EOF
 echo "verify dtype: $DTYPE" >&2
 if [ "$WHAT" = decode ] || [ "$WHAT" = all ]; then
   .venv/bin/dspark bench decode --drafters hybrid,suffix,ngram,dspark,oracle --batch-sizes 1,8 \
-    --scheduler greedy --num-prompts 8 --rounds "${ROUNDS:-2}" --max-new-tokens 128 --dtype "$DTYPE" --hf-dtypes "" \
+    --scheduler greedy --num-prompts "${NUM_PROMPTS:-8}" --rounds "${ROUNDS:-2}" --max-new-tokens 128 --dtype "$DTYPE" --hf-dtypes "" \
     --out "$OUT/bench_decode.json"
 fi
 if [ "$WHAT" = serve ] || [ "$WHAT" = all ]; then

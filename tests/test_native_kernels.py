@@ -218,14 +218,16 @@ def test_native_attention_is_causal_per_slot_and_matches_sdpa(dtype: torch.dtype
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("hd", [64, 32])
-def test_native_attention_gives_each_token_what_it_gets_alone_in_pieces_of_any_size(dtype: torch.dtype,
-                                                                                     hd: int) -> None:
+@pytest.mark.parametrize("heads", [(9, 3), (8, 1), (4, 4), (10, 2)])
+def test_native_attention_gives_each_token_what_it_gets_alone_in_pieces_of_any_size(dtype: torch.dtype, hd: int,
+                                                                                     heads: tuple[int, int]) -> None:
     """Verify chunks of 1 + l tokens of one slot are one piece (their keys transposed once, their value rows read
-    once a tile of query heads): every token's output is bit for bit what it gets in a step of its own, at
-    key counts on both sides of the 16-key blocks (odd and even: bf16 P.V takes keys in pairs), and within bf16
-    rounding of an fp32 reference; the unwritten (NaN) cache rows past a slot's keys change nothing."""
+    once a tile of query heads, their scores a tile of (query, head) pairs): every token's output is bit for bit
+    what it gets in a step of its own, at key counts on both sides of the 16-key blocks (odd and even: bf16 P.V
+    takes keys in pairs) and with 1 to 8 query heads a KV head (score tiles of 4 pairs full and partial), and
+    within bf16 rounding of an fp32 reference; the unwritten (NaN) cache rows past a slot's keys change nothing."""
     gen = torch.Generator().manual_seed(5)
-    num_heads, num_kv, max_len = 9, 3, 64
+    (num_heads, num_kv), max_len = heads, 64
     k_cache = torch.randn(4, max_len, num_kv, hd, generator=gen).to(dtype)
     v_cache = torch.randn(4, max_len, num_kv, hd, generator=gen).to(dtype)
     starts, lengths = [15, 0, 31, 40], [5, 8, 2, 1]  # chunks of 5, 8, 2 and 1 token(s) over slots 0..3

@@ -63,18 +63,31 @@ static int64_t narrow(int64_t *work, int64_t num, const int32_t *seq, int64_t n,
     return kept;
 }
 
-/* [lo, hi) of sa whose suffixes start with p[0..m), searched within [lo0, hi0) */
+/* Ask for sa[i] ahead of its use (a hint: it never faults, and changes no result). */
+static inline void prefetch_sa(const int32_t *sa, int64_t lo, int64_t hi) {
+    if (lo < hi) __builtin_prefetch(sa + lo + (hi - lo) / 2, 0, 1);
+}
+
+/* [lo, hi) of sa whose suffixes start with p[0..m), searched within [lo0, hi0). A cold index costs a cache miss
+ * or two a probe (sa[mid], then the text there), so: the second search starts from the tightest bound above the
+ * run the first one met (a probe greater than p), not from hi0, and each probe asks for the sa entries of both
+ * of its possible successors while it compares (the next probe's first miss overlaps this one's). Same result as
+ * two plain binary searches over [lo0, hi0). */
 static void run_of(const int32_t *text, int64_t n_text, const int32_t *sa, int64_t lo0, int64_t hi0,
                    const int32_t *p, int64_t m, int64_t *lo_out, int64_t *hi_out) {
-    int64_t lo = lo0, hi = hi0;
+    int64_t lo = lo0, hi = hi0, above = hi0;
     while (lo < hi) { /* first suffix >= p */
         int64_t mid = lo + (hi - lo) / 2;
-        if (cmp_at(text, n_text, sa[mid], p, m) < 0) lo = mid + 1; else hi = mid;
+        prefetch_sa(sa, lo, mid), prefetch_sa(sa, mid + 1, hi);
+        int c = cmp_at(text, n_text, sa[mid], p, m);
+        if (c < 0) lo = mid + 1; else hi = mid;
+        if (c > 0) above = mid; /* sorted: every suffix from mid on is > p */
     }
     int64_t first = lo;
-    hi = hi0;
+    hi = above;
     while (lo < hi) { /* first suffix > p (p not a prefix) */
         int64_t mid = lo + (hi - lo) / 2;
+        prefetch_sa(sa, lo, mid), prefetch_sa(sa, mid + 1, hi);
         if (cmp_at(text, n_text, sa[mid], p, m) <= 0) lo = mid + 1; else hi = mid;
     }
     *lo_out = first;
@@ -158,6 +171,7 @@ int64_t suffix_walk(const int32_t *text, int64_t n_text, const int32_t *sa, int6
         int64_t run = hi - lo;
         int32_t best = -1;
         if (run <= num_samples) { /* exact: the longest group of equal next tokens */
+            for (int64_t i = lo; i < hi; i++) __builtin_prefetch(text + sa[i] + m, 0, 1); /* their misses at once */
             int64_t best_n = 0, i = lo;
             while (i < hi) {
                 int32_t t = token_at(text, n_text, (int64_t)sa[i] + m);
@@ -169,6 +183,10 @@ int64_t suffix_walk(const int32_t *text, int64_t n_text, const int32_t *sa, int6
         } else { /* strided sample; the winner is counted exactly below */
             int64_t best_n = 0, cur_n = 0;
             int32_t cur = -2;
+            for (int64_t s = 0; s < num_samples; s++) /* the samples' misses at once: their sa entries, then texts */
+                __builtin_prefetch(sa + lo + (run * s + run / 2) / num_samples, 0, 1);
+            for (int64_t s = 0; s < num_samples; s++)
+                __builtin_prefetch(text + sa[lo + (run * s + run / 2) / num_samples] + m, 0, 1);
             for (int64_t s = 0; s < num_samples; s++) {
                 int64_t i = lo + (run * s + run / 2) / num_samples;
                 int32_t t = token_at(text, n_text, (int64_t)sa[i] + m);
