@@ -1,6 +1,7 @@
 """The side-by-side helpers of the scripts under docs/results: variants timed in turns of alternating order
-(`kernel_ab.turns_ms`), native builds of two sources loaded side by side (`kernel_ab.kernel_libraries`), and a
-change's four-engine A/B (`decode.change_ab`) on a tiny target."""
+(`kernel_ab.turns_ms`), native builds of two sources loaded side by side (`kernel_ab.kernel_libraries`), a
+change's four-engine A/B (`decode.change_ab`) and arms against target-only (`decode.run_at`, `decode.arms_vs_target`)
+on a tiny target."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import subprocess
 import pytest
 import torch
 
-from dspark.bench.decode import BASE, _engine, change_ab
+from dspark.bench.decode import BASE, _engine, arms_vs_target, change_ab, run_at
 from dspark.bench.kernel_ab import kernel_libraries, turns_ms, use_library
 from dspark.kernels import native
 
@@ -66,3 +67,27 @@ def test_a_change_ab_reports_both_sides_ratios_and_agreement(tiny_target) -> Non
         else:
             assert all(len(r) == 2 for r in res["per_round_tok_s"].values())
             assert set(res["steady_hybrid_over_target"]) == {"old", "new"}
+
+
+def test_arms_against_target_only_per_eval_set_at_batch_1_and_per_round_above(tiny_target) -> None:  # noqa: ANN001
+    """`run_at` + `arms_vs_target`, as the side-by-side scripts print an arm against target-only: at batch 1 a
+    speedup per eval set of the labelled prompts (each set's time summed), above it each round's and the steady
+    state's; greedy output checked against target-only's."""
+    gen = torch.Generator().manual_seed(1)
+    labelled = [(name, torch.randint(3, 50, (12,), generator=gen).tolist()) for name in ("gsm8k", "mbpp") * 2]
+    prompts = [p for _, p in labelled]
+    for bs in (1, 2):
+        engines = {BASE: _engine(BASE, tiny_target, bs, 30, "greedy", 3, None, True, {}),
+                   "ngram": _engine("ngram", tiny_target, bs, 30, "greedy", 3, None, True, {})}
+        ran, by_round = run_at(engines, prompts, bs, 8, rounds=2, num_batch1=4, waves=2)
+        res = arms_vs_target(ran, by_round, labelled)
+        arm = res["ngram"]
+        assert res["target_only_tok_s"] == round(ran[BASE].tok_s, 1) and arm["greedy_identical"]
+        assert arm["speedup"] == pytest.approx(ran["ngram"].tok_s / ran[BASE].tok_s, abs=1e-3)
+        if bs == 1:
+            assert by_round is None and set(arm["by_domain"]) == {"gsm8k", "mbpp"} and "by_round" not in arm
+            base_s = sum(s for (d, _), s in zip(labelled, ran[BASE].group_s) if d == "mbpp")
+            arm_s = sum(s for (d, _), s in zip(labelled, ran["ngram"].group_s) if d == "mbpp")
+            assert arm["by_domain"]["mbpp"] == pytest.approx(base_s / arm_s, abs=1e-3)
+        else:
+            assert len(arm["by_round"]) == 2 and "by_domain" not in arm

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from dspark.cluster.ingress.text_stream import TextStream
 from dspark.config.engine import EngineConfig
 from dspark.models.drafters.base import DraftRequest
 from dspark.models.drafters.ngram import NgramDrafter
@@ -200,6 +201,13 @@ def test_a_stream_interval_holds_a_streams_steps_and_sends_them_merged(tiny_targ
         assert outs[0].new_token_ids == r.output_ids[:1]  # the prefill's token is not held
         assert outs[-1].is_finished and not any(o.is_finished for o in outs[:-1])
         assert len(outs) < r.num_steps + 1  # fewer messages than steps
+        # ... and the steps are still counted as steps: the engine's count (the prefill too) rides in the merged
+        # messages, and the API's speculation stats (τ, tokens per step) read it, not the messages
+        assert outs[-1].num_steps == r.num_steps + 1
+        text = TextStream(engine.tokenizer, [])
+        for o in outs:
+            text.add(o)
+        assert text.spec_stats().num_steps == r.num_steps + 1
         span = timed[-1][0] - timed[0][0]
         assert len(outs) <= 2 + span / 0.030 + 1  # at most one an interval between the first and the end
 

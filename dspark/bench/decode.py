@@ -418,6 +418,43 @@ def hybrid_variants_in_turn(target: TargetModel, prompts: list[list[int]], max_l
     return summary, engines
 
 
+def run_at(engines: dict[str, Engine], prompts: list[list[int]], batch_size: int, max_new_tokens: int, rounds: int,
+           num_batch1: int, waves: int) -> tuple[dict[str, ArmResult], dict[str, list[float]] | None]:
+    """The side-by-side scripts' run at one batch size: batch 1, the first `num_batch1` prompts with the arms in turn
+    on each (`run_interleaved`; no per-round figures: None); batch B > 1, `waves` x B prompts through B slots, arm
+    by arm in turn (`run_refilled_in_turn`); `rounds` rounds."""
+    if batch_size == 1:
+        return run_interleaved(engines, prompts[:num_batch1], max_new_tokens, rounds), None
+    return run_refilled_in_turn(engines, prompts[:batch_size * waves], batch_size, max_new_tokens, rounds)
+
+
+def arms_vs_target(arms: dict[str, ArmResult], by_round: dict[str, list[float]] | None,
+                   labelled: list[tuple[str, list[int]]]) -> dict:
+    """Each arm against target-only (`BASE`), as the side-by-side scripts under docs/results print it: the speedup,
+    τ, tokens verified a request and whether greedy output matched; at batch 1 (`by_round` None, `run_interleaved`
+    over `labelled`'s prompts in order) the speedup per eval set, else (`run_refilled_in_turn`) each round's and
+    the steady state's."""
+    base = arms[BASE]
+    out: dict = {"target_only_tok_s": round(base.tok_s, 1)}
+    for name, arm in arms.items():
+        if name == BASE:
+            continue
+        r: dict = {"speedup": round(arm.tok_s / base.tok_s, 3), "tau": round(arm.tau, 3),
+                   "verify_len": round(arm.mean_verify_len, 3), "greedy_identical": arm.outputs == base.outputs}
+        if by_round is None:
+            by_set: dict[str, list[float]] = {}
+            for (dataset, _), b, a in zip(labelled, base.group_s, arm.group_s):
+                acc = by_set.setdefault(dataset, [0.0, 0.0])
+                acc[0], acc[1] = acc[0] + b, acc[1] + a
+            r["by_domain"] = {d: round(b / a, 3) for d, (b, a) in by_set.items()}
+        else:
+            r["by_round"] = [round(a / b, 3) for a, b in zip(by_round[name], by_round[BASE])]
+            if arm.steady and base.steady:
+                r["steady_speedup"] = round((arm.steady[0] / arm.steady[1]) / (base.steady[0] / base.steady[1]), 3)
+        out[name] = r
+    return out
+
+
 def change_ab(engines: dict[str, Engine], old: str, new: str, prompts: list[list[int]], batch_size: int,
               max_new_tokens: int, rounds: int, num_batch1: int, waves: int) -> dict:
     """A change's A/B in the engine, four engines in one process: target-only and the hybrid each without it
@@ -427,11 +464,7 @@ def change_ab(engines: dict[str, Engine], old: str, new: str, prompts: list[list
     new / old for each, whether greedy outputs agree across all four, and at B > 1 each round's tok/s and the
     steady state's hybrid / target-only."""
     t_new, h_old, h_new = f"target-{new}", f"hybrid-{old}", f"hybrid-{new}"
-    if batch_size == 1:
-        arms, per_round = run_interleaved(engines, prompts[:num_batch1], max_new_tokens, rounds), None
-    else:
-        arms, per_round = run_refilled_in_turn(engines, prompts[:batch_size * waves], batch_size, max_new_tokens,
-                                               rounds)
+    arms, per_round = run_at(engines, prompts, batch_size, max_new_tokens, rounds, num_batch1, waves)
     tok = {n: a.tok_s for n, a in arms.items()}
     steady = {n: a.steady_tok_s for n, a in arms.items()}
     res = {"tok_s": {n: round(v, 1) for n, v in tok.items()},

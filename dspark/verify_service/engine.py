@@ -448,7 +448,8 @@ class Engine:
             outputs.append(RequestOutput(req.request_id, [], req.output_ids, True, req.finish_reason,
                                          len(req.prompt_ids), req.num_verified, req.num_accepted))
         outputs += [RequestOutput(r.request_id, [], r.output_ids, True, r.finish_reason,
-                                  len(r.prompt_ids), r.num_verified, r.num_accepted)
+                                  len(r.prompt_ids), r.num_verified, r.num_accepted,
+                                  num_steps=r.num_steps + bool(r.output_ids))
                     for r in self.running if r.is_finished and r.finish_reason == FinishReason.ABORT]
         self._release_finished()
         return outputs

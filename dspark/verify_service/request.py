@@ -109,6 +109,9 @@ class RequestOutput:
     num_verified: int = 0  # draft tokens verified for this request so far
     num_accepted: int = 0  # of which accepted
     new_logprobs: list[TokenLogprob] | None = None  # aligned with new_token_ids, when asked for
+    # engine steps that gave this request tokens so far, its prefill included: a message may merge several steps
+    # (`stream_interval_ms`), so a stream's messages are not its steps (0: not reported)
+    num_steps: int = 0
 
 
 @dataclass

@@ -37,7 +37,11 @@ class TextStream:
         self.token_ids += out.new_token_ids
         if out.new_logprobs:
             self.logprobs += out.new_logprobs
-        self.num_steps += bool(out.new_token_ids)
+        # the engine's count where it reports one (a message may merge several steps), else one step a message
+        if out.num_steps:
+            self.num_steps = max(self.num_steps, out.num_steps)
+        else:
+            self.num_steps += bool(out.new_token_ids)
         self.num_verified, self.num_accepted = out.num_verified, out.num_accepted
         if out.is_finished:
             self.finish_reason = out.finish_reason.value if out.finish_reason else "stop"

@@ -34,7 +34,7 @@ async def resuming_stream(open_stream: Callable[[list[int], SamplingParams, str]
     """Yield the request's outputs; when its stream breaks, `on_failure(worker)` and open it again for the
     rest (max_tokens less what was streamed; a seed moves on by as much). Counts stay per request."""
     emitted: list[int] = []
-    base_verified = base_accepted = 0
+    base_verified = base_accepted = base_steps = 0
     for attempt in range(max_attempts):
         resumed = params if not emitted else dataclasses.replace(
             params, max_tokens=params.max_tokens - len(emitted),
@@ -50,7 +50,8 @@ async def resuming_stream(open_stream: Callable[[list[int], SamplingParams, str]
                 yield dataclasses.replace(
                     out, request_id=request_id, num_prompt_tokens=len(prompt_ids),
                     output_ids=list(emitted) if out.is_finished else out.output_ids,
-                    num_verified=base_verified + out.num_verified, num_accepted=base_accepted + out.num_accepted)
+                    num_verified=base_verified + out.num_verified, num_accepted=base_accepted + out.num_accepted,
+                    num_steps=base_steps + out.num_steps)
                 if out.is_finished:
                     finished = True
                     return
@@ -69,8 +70,9 @@ async def resuming_stream(open_stream: Callable[[list[int], SamplingParams, str]
         if last is not None:
             base_verified += last.num_verified
             base_accepted += last.num_accepted
+            base_steps += last.num_steps
         if len(emitted) >= params.max_tokens:
             yield RequestOutput(request_id, [], list(emitted), True, "length", len(prompt_ids), base_verified,
-                                base_accepted)
+                                base_accepted, num_steps=base_steps)
             return
     raise EngineDeadError(f"request {request_id}: no verify worker could finish it")

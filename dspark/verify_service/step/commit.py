@@ -45,4 +45,5 @@ def emit(req: Request, tokens: list[int], eos_ids: list[int], tokenizer: PreTrai
     if req.params.logprobs is not None:
         logprobs, req.pending_logprobs = req.pending_logprobs[:len(kept)], []
     return RequestOutput(req.request_id, kept, list(req.output_ids) if done else [], done,
-                         req.finish_reason, len(req.prompt_ids), req.num_verified, req.num_accepted, logprobs)
+                         req.finish_reason, len(req.prompt_ids), req.num_verified, req.num_accepted, logprobs,
+                         num_steps=req.num_steps + 1)  # the rounds so far and the prefill

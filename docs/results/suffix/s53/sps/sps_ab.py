@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from dspark.bench.decode import BASE, _engine, mixed_frame, run_interleaved, run_refilled_in_turn
+from dspark.bench.decode import BASE, _engine, arms_vs_target, mixed_frame, run_at
 from dspark.kernels.machine import cpu_signature
 from dspark.spec.sps import SPSTable
 
@@ -46,28 +46,7 @@ result: dict = {"cpu": cpu_signature(), "rounds": rounds, "waves": waves, "new_t
                 "by_batch": {}}
 for bs in batches:
     engines = engines_at(bs)
-    if bs == 1:
-        arms, by_round = run_interleaved(engines, prompts[:num_b1], max_new, rounds), None
-    else:
-        arms, by_round = run_refilled_in_turn(engines, prompts[:bs * waves], bs, max_new, rounds)
-    base = arms[BASE]
-    res: dict = {"target_only_tok_s": round(base.tok_s, 1)}
-    for name, arm in arms.items():
-        if name == BASE:
-            continue
-        r = {"speedup": round(arm.tok_s / base.tok_s, 3), "tau": round(arm.tau, 3),
-             "verify_len": round(arm.mean_verify_len, 3), "greedy_identical": arm.outputs == base.outputs}
-        if bs == 1:
-            by_domain: dict[str, list[float]] = {}
-            for (domain, _), b, a in zip(labelled, base.group_s, arm.group_s):
-                acc = by_domain.setdefault(domain, [0.0, 0.0])
-                acc[0], acc[1] = acc[0] + b, acc[1] + a
-            r["by_domain"] = {d: round(b / a, 3) for d, (b, a) in by_domain.items()}
-        else:
-            r["by_round"] = [round(a / b, 3) for a, b in zip(by_round[name], by_round[BASE])]
-            if arm.steady and base.steady:
-                r["steady_speedup"] = round((arm.steady[0] / arm.steady[1]) / (base.steady[0] / base.steady[1]), 3)
-        res[name] = r
+    res = arms_vs_target(*run_at(engines, prompts, bs, max_new, rounds, num_b1, waves), labelled)
     result["by_batch"][bs] = res
     print(json.dumps({bs: res}), file=sys.stderr, flush=True)
 print(json.dumps(result))
