@@ -222,10 +222,10 @@ def test_native_attention_is_causal_per_slot_and_matches_sdpa(dtype: torch.dtype
 def test_native_attention_gives_each_token_what_it_gets_alone_in_pieces_of_any_size(dtype: torch.dtype, hd: int,
                                                                                      heads: tuple[int, int]) -> None:
     """Verify chunks of 1 + l tokens of one slot are one piece (their keys transposed once, their value rows read
-    once a tile of query heads, their scores a tile of (query, head) pairs): every token's output is bit for bit
-    what it gets in a step of its own, at key counts on both sides of the 16-key blocks (odd and even: bf16 P.V
-    takes keys in pairs) and with 1 to 8 query heads a KV head (score tiles of 4 pairs full and partial), and
-    within bf16 rounding of an fp32 reference; the unwritten (NaN) cache rows past a slot's keys change nothing."""
+    once a tile of query heads): every token's output is bit for bit what it gets in a step of its own, at key
+    counts on both sides of the 16-key blocks (odd and even: bf16 P.V takes keys in pairs), with 1, 3, 5 or 8 query
+    heads a KV head (P.V tiles of up to 6 heads full and partial), and within bf16 rounding of an fp32 reference;
+    the unwritten (NaN) cache rows past a slot's keys change nothing."""
     gen = torch.Generator().manual_seed(5)
     (num_heads, num_kv), max_len = heads, 64
     k_cache = torch.randn(4, max_len, num_kv, hd, generator=gen).to(dtype)
