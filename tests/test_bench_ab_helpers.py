@@ -1,5 +1,6 @@
 """The side-by-side helpers of the scripts under docs/results: variants timed in turns of alternating order
-(`kernel_ab.turns_ms`), native builds of two sources loaded side by side (`kernel_ab.kernel_libraries`), a
+(`kernel_ab.turns_ms`), native builds of two sources loaded side by side (`kernel_ab.kernel_libraries`: the engine's
+kernels and the suffix drafter's), a
 change's four-engine A/B (`decode.change_ab`) and arms against target-only (`decode.run_at`, `decode.arms_vs_target`)
 on a tiny target."""
 
@@ -12,7 +13,8 @@ import torch
 
 from dspark.bench.decode import BASE, _engine, arms_vs_target, change_ab, run_at
 from dspark.bench.kernel_ab import kernel_libraries, turns_ms, use_library
-from dspark.kernels import native
+from dspark.kernels import native, suffix_native
+from dspark.models.drafters.suffix.index import RequestText, WalkParams
 
 
 def test_turns_alternate_their_order_warm_up_untimed_and_repeat_for_min_s() -> None:
@@ -43,6 +45,24 @@ def test_two_builds_load_side_by_side_and_calls_go_to_the_one_in_use(monkeypatch
         assert native.library() is libs[name]
         outs[name] = native.linear(x, native.pack(w), 64)
     assert torch.equal(outs["base"], outs["head"]) and torch.equal(outs["head"], outs["tiles2"])
+
+
+def test_the_suffix_kernels_load_side_by_side_too_and_walks_go_to_the_one_in_use(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`module=suffix_native`: its C source at the base commit and this checkout's, and its `required()` (what the
+    suffix index calls) switched with `library()`; a walk over a small text is the same on either build."""
+    monkeypatch.setattr(suffix_native, "library", suffix_native.library)
+    monkeypatch.setattr(suffix_native, "required", suffix_native.required)
+    libs = kernel_libraries("HEAD", module=suffix_native)
+    assert set(libs) == {"base", "head"} and libs["base"] is not libs["head"]
+    text = RequestText()
+    text.sync([5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6])
+    walks = {}
+    for name in libs:
+        use_library(libs, name, module=suffix_native)
+        assert suffix_native.library() is libs[name] and suffix_native.required() is libs[name]
+        walks[name] = text.walk(4, WalkParams(min_path_prob=0.0))
+    assert walks["base"].tokens == walks["head"].tokens == [7, 8, 9, 5]
 
 
 def test_a_change_ab_reports_both_sides_ratios_and_agreement(tiny_target) -> None:  # noqa: ANN001

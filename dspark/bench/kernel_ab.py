@@ -12,18 +12,21 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 from dspark.kernels import native
 
 
-def kernel_libraries(base_commit: str, defines: dict[str, dict[str, str]] | None = None) -> dict[str, ctypes.CDLL]:
-    """"base": `native_kernels.c` at `base_commit`, "head": this checkout's, and one more per `defines` entry (name ->
-    macros set before this checkout's source), each built and loaded as `native.library()` builds and loads it."""
+def kernel_libraries(base_commit: str, defines: dict[str, dict[str, str]] | None = None,
+                     module: ModuleType = native) -> dict[str, ctypes.CDLL]:
+    """"base": `module`'s C source (`native_kernels.c`, or `suffix_native`'s `suffix_kernels.c`) at `base_commit`,
+    "head": this checkout's, and one more per `defines` entry (name -> macros set before this checkout's source), each
+    built and loaded as `module.library()` builds and loads it."""
     tmp = Path(tempfile.mkdtemp())
-    base = subprocess.run(["git", "show", f"{base_commit}:dspark/kernels/native_kernels.c"], capture_output=True,
+    head = module.SOURCE
+    base = subprocess.run(["git", "show", f"{base_commit}:dspark/kernels/{head.name}"], capture_output=True,
                           text=True, check=True).stdout
     (tmp / "base.c").write_text(base)
-    head = native.SOURCE
     sources = {"base": tmp / "base.c", "head": head}
     for name, macros in (defines or {}).items():
         (tmp / f"{name}.c").write_text("".join(f"#define {k} {v}\n" for k, v in macros.items()) + head.read_text())
@@ -31,21 +34,24 @@ def kernel_libraries(base_commit: str, defines: dict[str, dict[str, str]] | None
     libs = {}
     try:
         for name, src in sources.items():
-            native.SOURCE = src
-            native.library.cache_clear()
-            libs[name] = native.library()
-    finally:  # this checkout's source again, and its library for the next `native.library()` (not the last built)
-        native.SOURCE = head
-        native.library.cache_clear()
+            module.SOURCE = src
+            module.library.cache_clear()
+            libs[name] = module.library()
+    finally:  # this checkout's source again, and its library for the next `library()` (not the last built)
+        module.SOURCE = head
+        module.library.cache_clear()
     if any(lib is None for lib in libs.values()):
         raise RuntimeError(f"a native build failed: {[n for n, lib in libs.items() if lib is None]}")
     return libs
 
 
-def use_library(libs: dict[str, ctypes.CDLL], name: str) -> None:
-    """Make `libs[name]` the library every native call of this process goes to (the runner's included)."""
-    native.library = lambda: libs[name]  # type: ignore[assignment]
-    native._required = lambda: libs[name]  # type: ignore[assignment]
+def use_library(libs: dict[str, ctypes.CDLL], name: str, module: ModuleType = native) -> None:
+    """Make `libs[name]` the library every call of this process into `module`'s kernels goes to (the runner's, the
+    suffix drafter's included): its `library()` and the accessor its callers use (`_required` / `required`)."""
+    module.library = lambda: libs[name]  # type: ignore[attr-defined]
+    for accessor in ("_required", "required"):
+        if hasattr(module, accessor):
+            setattr(module, accessor, lambda: libs[name])
 
 
 def turns_ms(variants: dict[str, Callable[[], None]], turns: int, min_s: float = 0.0,

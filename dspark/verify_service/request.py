@@ -110,7 +110,7 @@ class RequestOutput:
     num_accepted: int = 0  # of which accepted
     new_logprobs: list[TokenLogprob] | None = None  # aligned with new_token_ids, when asked for
     # engine steps that gave this request tokens so far, its prefill included: a message may merge several steps
-    # (`stream_interval_ms`), so a stream's messages are not its steps (0: not reported)
+    # (`stream_interval_ms`), so a stream's messages are not its steps
     num_steps: int = 0
 
 

@@ -37,11 +37,7 @@ class TextStream:
         self.token_ids += out.new_token_ids
         if out.new_logprobs:
             self.logprobs += out.new_logprobs
-        # the engine's count where it reports one (a message may merge several steps), else one step a message
-        if out.num_steps:
-            self.num_steps = max(self.num_steps, out.num_steps)
-        else:
-            self.num_steps += bool(out.new_token_ids)
+        self.num_steps = max(self.num_steps, out.num_steps)  # the engine's count: a message may merge several steps
         self.num_verified, self.num_accepted = out.num_verified, out.num_accepted
         if out.is_finished:
             self.finish_reason = out.finish_reason.value if out.finish_reason else "stop"

@@ -1,25 +1,22 @@
 """Session 54: the suffix kernels (`suffix_kernels.c`) of a base commit against this checkout's, side by side in one
-process: both built as `suffix_native.library()` builds them, and one proposal round of the hybrid for B requests
-(as `propose_cost.py`: mixed eval prompts grown a token a round, request and corpus sources, greedy) taken on either
-in alternating order, with 256 MB read before every round (a forward leaves the caches so). Every round's walks are
-compared between the two builds (tokens, frequencies, counts, matches, survival: bit for bit). Median ms a round.
-One JSON line.
+process: both built as `suffix_native.library()` builds them (`kernel_ab.kernel_libraries`), and one proposal round
+of the hybrid for B requests (as `propose_cost.py`: mixed eval prompts grown a token a round, request and corpus
+sources, greedy) taken on either in alternating order, with 256 MB read before every round (a forward leaves the
+caches so). Every round's walks are compared between the two builds (tokens, frequencies, counts, matches, survival:
+bit for bit). Median ms a round. One JSON line.
     .venv/bin/python docs/results/suffix/s54/propose/propose_ab.py [BASE_COMMIT] [B] [ROUNDS]"""
 
 from __future__ import annotations
 
-import functools
 import json
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 
 from dspark.bench.decode import mixed_frame
+from dspark.bench.kernel_ab import kernel_libraries, use_library
 from dspark.kernels import suffix_native
 from dspark.kernels.machine import cpu_signature
 from dspark.models.drafters.base import DraftRequest
@@ -28,21 +25,11 @@ from dspark.models.drafters.hybrid import HybridDrafter
 BASE = sys.argv[1] if len(sys.argv) > 1 else "HEAD"
 B = int(sys.argv[2]) if len(sys.argv) > 2 else 32
 ROUNDS = int(sys.argv[3]) if len(sys.argv) > 3 else 200
-head_source = suffix_native.SOURCE
-tmp = Path(tempfile.mkdtemp()) / "suffix_kernels.c"
-tmp.write_text(subprocess.run(["git", "show", f"{BASE}:dspark/kernels/suffix_kernels.c"], capture_output=True,
-                              text=True, check=True).stdout)
-libs = {}
-for name, src in (("base", tmp), ("head", head_source)):
-    suffix_native.SOURCE = src
-    suffix_native.library.cache_clear()
-    libs[name] = suffix_native.library()
-suffix_native.SOURCE = head_source
+libs = kernel_libraries(BASE, module=suffix_native)
 
 
 def use(name: str) -> None:
-    suffix_native.library = functools.cache(lambda: libs[name])  # type: ignore[assignment]
-    suffix_native.required = lambda: libs[name]  # type: ignore[assignment]
+    use_library(libs, name, module=suffix_native)
 
 
 use("head")
