@@ -100,10 +100,11 @@ def test_target_only_steps_carry_arriving_prompts_in_the_decode_forward(tiny_tar
     assert batched == solo
 
 
-def test_a_round_that_prefills_prompts_drafts_past_a_shut_gate_and_schedules_with_their_tokens(tiny_target,
+def test_a_round_that_prefills_prompts_drafts_past_a_shut_gate_and_prices_drafts_beside_them(tiny_target,
                                                                                                monkeypatch):
     """Beside a prompt's tokens a draft's verification costs a small share of the forward: such a round drafts
-    even where the gate is shut, and the scheduler's step-time table counts the prompts' tokens."""
+    even where the gate is shut, and the scheduler's step-time table prices its drafts beside the prompts'
+    tokens (`SPSTable.with_riders`)."""
     engine = _engine(tiny_target, "greedy", max_num_seqs=2)
     engine.set_draft_gate(DraftGate())
     for _ in range(8):  # batch 1 has lost, round after round: shut
@@ -116,7 +117,7 @@ def test_a_round_that_prefills_prompts_drafts_past_a_shut_gate_and_schedules_wit
         return real_propose(reqs, gamma)
 
     def recording_schedule(survival, sps):  # the real scheduler, the table it was given noted
-        tables.append(sps.meta.get("base_tokens", 0))
+        tables.append(sps.meta.get("rider_tokens", 0))
         return real_schedule(survival, sps)
 
     monkeypatch.setattr(engine.drafter, "propose", counting_propose)
@@ -126,6 +127,6 @@ def test_a_round_that_prefills_prompts_drafts_past_a_shut_gate_and_schedules_wit
     engine.step()  # prefill, then a round at batch 1: the gate is shut, nothing drafted
     assert proposals == [] and tables == [0]
     engine.add_request(second, SamplingParams(max_tokens=20, ignore_eos=True))
-    engine.step()  # the second prompt rides in the first request's round: drafted, scheduled with its tokens
+    engine.step()  # the second prompt rides in the first request's round: drafted, priced beside its tokens
     assert proposals == [1] and tables[-1] == len(second)
     assert not engine.gate.should_draft(1)  # the gate itself is still shut at batch 1

@@ -572,6 +572,31 @@ def test_live_calibration_follows_the_outcomes_of_verified_proposals():
     assert later.tokens == first.tokens and later.confidences[0][0] < 0.1
 
 
+def test_a_shifts_re_read_keeps_the_counts_of_the_last_refresh():
+    """Between refreshes the verdicts' counts wait (a re-freeze costs ~2.5 ms a table): a re-read of the cells
+    because the live shift moved applies the new shift to the tables as last frozen, and the refresh takes the
+    counts in."""
+    docs = [np.array([1, 2, 3, 4, 5, 6], dtype=np.int32)] * 50
+    config = SuffixConfig(sources=("corpus",), live_refresh_every=60, live_bias_rate=0.05)
+    drafter = SuffixDrafter(SuffixIndex.build(docs), SourceCalibration(), config)
+    req = DraftRequest("r", [9, 1, 2], 0.0)
+    drafter.propose([req], 3)
+    for _ in range(19):  # 19 outcomes (each verdict: position 1 tried and rejected): below the refresh
+        drafter.feedback(["r"], [3], [0])
+        drafter.propose([req], 3)
+    cal, w = drafter.calibration, drafter.last["r"].walk
+    frozen = cal.conditional("corpus", "greedy", w.freq, w.count, w.match, refreeze=False)
+    assert w.conf == pytest.approx(frozen, abs=1e-6)  # the shift moved every round: re-read, not re-frozen
+    assert cal.table("corpus", "greedy")._dirty
+    fresh = cal.conditional("corpus", "greedy", w.freq, w.count, w.match)  # refreezes: the counts in
+    assert fresh[0] < frozen[0] - 0.05
+    for _ in range(60):  # past the refresh: the walk reads the counts
+        drafter.feedback(["r"], [3], [0])
+        drafter.propose([req], 3)
+    w = drafter.last["r"].walk
+    assert w.conf[0] == pytest.approx(cal.conditional("corpus", "greedy", w.freq, w.count, w.match)[0], abs=0.05)
+
+
 def test_the_live_shift_brings_an_overconfident_sources_survival_to_its_acceptance_and_back():
     """Shipped tables that read 0.9 for a first token this traffic accepts half the time (thousands of shipped
     trials, so the added counts alone barely move them): the live log-odds shift brings the survival to about
@@ -603,10 +628,11 @@ def test_the_live_shift_brings_an_overconfident_sources_survival_to_its_acceptan
     assert abs(shifted - 0.5) < 0.1, shifted
     assert run(drafter, 0.9, 3000) > 0.8  # the traffic changed back
     # the shift is what the native walk reads too: its cells are re-read once the shift moved by 0.02 in
-    # log-odds (live_bias_refresh), so they agree with the current survival to within that
+    # log-odds (live_bias_refresh), so they agree with the current survival to within that; the counts it reads
+    # are those of the last refresh (every live_refresh_every outcomes), not re-frozen at each re-read
     w = drafter.last["r"].walk
-    assert w.conf == pytest.approx(drafter.calibration.conditional("corpus", "greedy", w.freq, w.count, w.match),
-                                   abs=0.005)
+    assert w.conf == pytest.approx(drafter.calibration.conditional("corpus", "greedy", w.freq, w.count, w.match,
+                                                                   refreeze=False), abs=0.005)
 
 
 def test_the_live_shift_learns_each_position_on_its_own():

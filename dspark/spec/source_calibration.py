@@ -78,6 +78,7 @@ class SourceTable:
     counts: dict[str, list[float]] = field(default_factory=dict)
     prior_weight: float = 4.0
     _table: list | None = None  # flattened estimates, (f, n, m, k) row-major, built by `freeze`
+    _dirty: bool = False  # counts added since `_table` was built
 
     @staticmethod
     def _keys(bins: tuple[int, int, int, int]) -> list[str]:
@@ -88,7 +89,7 @@ class SourceTable:
             c = self.counts.setdefault(key, [0.0, 0.0])
             c[0] += float(success)
             c[1] += 1.0
-        self._table = None
+        self._dirty = True
 
     def _shrunk(self, key: str, prior: float) -> float:
         """Bin `key`'s rate shrunk toward its parent's estimate `prior` by `prior_weight` pseudo-trials."""
@@ -116,9 +117,11 @@ class SourceTable:
                     e_m = shrunk(f"{f},{n},{m}", e_n)
                     table += [shrunk(f"{f},{n},{m},{k}", e_m) for k in range(_NUM_K)]
         self._table = table
+        self._dirty = False
 
-    def lookup(self, bins: tuple[int, int, int, int]) -> float:
-        if self._table is None:
+    def lookup(self, bins: tuple[int, int, int, int], refreeze: bool = True) -> float:
+        """The cell of `bins`; `refreeze=False`: as of the last `freeze` (see `SourceCalibration.cells`)."""
+        if self._table is None or (refreeze and self._dirty):
             self.freeze()
         f, n, m, k = bins
         return self._table[((f * _NUM_N + n) * _NUM_M + m) * _NUM_K + k]  # type: ignore[index]
@@ -161,23 +164,33 @@ class SourceCalibration:
         key = self._resolved_key(source, regime)
         return self.scaling.get(key) if key is not None else None
 
-    def cells(self, source: str, regime: str) -> list[float] | None:
+    def cells(self, source: str, regime: str, refreeze: bool = True) -> list[float] | None:
         """The table's estimates in (f, n, m, k) row-major order (the layout the native walk reads), or None
-        where neither the source nor its priors have data in this regime (see `_resolved`)."""
+        where neither the source nor its priors have data in this regime (see `_resolved`). `refreeze=False`:
+        a table frozen before keeps the estimates of its last `freeze` even if counts came in since (a live
+        drafter re-reads cells whenever a shift moves, and takes new counts in at its own pace, `refreeze`)."""
         table = self._resolved(source, regime)
         if table is None:
             return None
-        if table._table is None:
+        if table._table is None or (refreeze and table._dirty):
             table.freeze()
         return _shifted(table._table, self.bias.get((source, regime)), self._scaling(source, regime))
 
+    def refreeze(self) -> None:
+        """Every table that took counts since its last `freeze` freezes again (~2.5 ms a table)."""
+        for by_source in self.tables.values():
+            for table in by_source.values():
+                if table._dirty:
+                    table.freeze()
+
     def conditional(self, source: str, regime: str, freq: list[float], count: list[int],
-                    match: list[int]) -> list[float]:
+                    match: list[int], refreeze: bool = True) -> list[float]:
+        """c_k of a walk's steps, as `cells` gives them (`refreeze` as there)."""
         table = self._resolved(source, regime)
         if table is None:
             return [min(0.99, max(0.01, f)) for f in freq]
         bins = [feature_bins(f, n, m, k + 1) for k, (f, n, m) in enumerate(zip(freq, count, match))]
-        return _shifted([table.lookup(b) for b in bins], self.bias.get((source, regime)),
+        return _shifted([table.lookup(b, refreeze) for b in bins], self.bias.get((source, regime)),
                         self._scaling(source, regime), [b[3] for b in bins])
 
     def record(self, source: str, regime: str, freq: list[float], count: list[int], match: list[int],

@@ -56,18 +56,28 @@ class SPSTable:
         """Steps per second at ``num_tokens`` tokens per step: 1000 / `step_time_ms_at`."""
         return 1000.0 / self.step_time_ms_at(num_tokens)
 
-    def with_base_tokens(self, extra_tokens: int) -> SPSTable:
-        """The table of a step that carries `extra_tokens` more tokens than it schedules (prompts riding in a
-        verify forward): T'(n) = T(n + extra_tokens). Such a step is longer, so one more verified token costs
-        less of its throughput, and a scheduler given this table verifies accordingly more."""
-        if extra_tokens <= 0:
+    def with_riders(self, prompt_tokens: int, num_requests: int) -> SPSTable:
+        """The table a round of `num_requests` requests schedules on when `prompt_tokens` prompt tokens ride in its
+        forward: T'(n) = T(r) + T(P + n) - T(P + r) (r requests, P prompt tokens), the step time of a round without
+        riders plus what its n - r verified drafts add to the forward that carries the prompts.
+
+        Algorithm 1 admits a draft while it raises expected tokens / T', i.e. while its survival beats its own
+        marginal cost at the plain step's tokens per ms: a token verified beside a prompt is worth what it would
+        cost in a plain step, not a share of the prompts' forward. Scheduling on T(P + n) (the longer step's own
+        throughput, until session 55) made any draft look cheap beside a prompt: on the Zen 4 EPYC, 4 x B new prompts through B slots, the hybrid went from 0.989 to
+        1.014x target-only at batch 8 and from 0.970 to 1.011x at batch 32, its rider rounds from 2.9 to 2.6 s
+        and from 14.2 to 10.4 s a run (docs/results/suffix/s55/riders). Where a rider forward prices a row below
+        the plain steps' time per token (a 1-thread AMX Xeon at batch 30: ~1.6 against ~2 ms), the rounds still
+        verify more than plain steps do."""
+        if prompt_tokens <= 0:
             return self
-        xs = [1] + [x - extra_tokens for x in self.tokens_per_step if x - extra_tokens > 1]
-        ys = [self.step_time_ms_at(x + extra_tokens) for x in xs]
+        r = max(1, num_requests)
+        base = self.step_time_ms_at(r) - self.step_time_ms_at(prompt_tokens + r)
+        xs = [r] + [x - prompt_tokens for x in self.tokens_per_step if x - prompt_tokens > r]
         if len(xs) == 1 and len(self.tokens_per_step) > 1:  # past the measured points: keep the last slope
-            xs.append(2)
-            ys.append(self.step_time_ms_at(2 + extra_tokens))
-        return SPSTable(xs, ys, {**self.meta, "base_tokens": extra_tokens})
+            xs.append(r + 1)
+        ys = [base + self.step_time_ms_at(x + prompt_tokens) for x in xs]
+        return SPSTable(xs, ys, {**self.meta, "rider_tokens": prompt_tokens})
 
     def monotone(self) -> SPSTable:
         """A copy whose step times never fall as tokens grow (isotonic least-squares fit).

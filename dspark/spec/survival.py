@@ -3,6 +3,9 @@ token before it are accepted. Schedulers rank draft tokens by these numbers."""
 
 from __future__ import annotations
 
+import itertools
+import operator
+
 import torch
 
 
@@ -23,6 +26,13 @@ def prefix_survival(confidences: torch.Tensor, num_draft: torch.Tensor | None = 
     positions = torch.arange(confidences.shape[-1], device=confidences.device)  # (gamma,)
     is_real = positions.unsqueeze(0) < num_draft.to(confidences.device).unsqueeze(-1)
     return torch.where(is_real, survival, torch.zeros_like(survival))
+
+
+def prefix_survival_rows(confidences: list[list[float]]) -> list[list[float]]:
+    """`prefix_survival` of one step's ragged rows as Python floats: each row's running products. A step schedules
+    a few rows of at most γ numbers each; building the padded tensor for them cost more than the products
+    (~0.2 ms a step at batch 8, more than the scheduler's own work)."""
+    return [list(itertools.accumulate(row, operator.mul)) for row in confidences]
 
 
 class AcceptanceTracker:

@@ -179,7 +179,7 @@ class Engine:
     def _draft_beside_prompts(self, active: list[Request]) -> DraftOutput:
         """A round that prefills prompts drafts whatever the gate says. The gate compares rounds without prompts,
         and beside a prompt's hundreds of tokens a draft and its verified tokens cost a small share of the
-        forward (the scheduler is told, see `_round`): a round at batch 30 with two prompts took ~100 ms where
+        forward (the scheduler prices what they add to it, `SPSTable.with_riders`): a round at batch 30 with two prompts took ~100 ms where
         one without took ~60 ms (SmolLM2 bf16, 1 thread, AMX Xeon). Lossless: whether a round prefills depends
         on arrivals, never on draft tokens."""
         return draft_phase.propose(self.drafter, None, active, self.config.num_draft_tokens)
@@ -203,8 +203,8 @@ class Engine:
         draft = draft_source(active)
         t1 = time.perf_counter()
         sps = self.sps
-        if riders and sps is not None:  # the prompts make the forward longer: verified tokens cost it less
-            sps = sps.with_base_tokens(sum(len(c.token_ids) for c in riders))
+        if riders and sps is not None:  # a verified draft at what it adds beside the prompts (`with_riders`)
+            sps = sps.with_riders(sum(len(c.token_ids) for c in riders), len(active))
         elif sps is not None and self.token_cost is not None:  # one more verified token at its measured cost
             sps = self.token_cost.table(len(active), sps)
         lengths = schedule(active, draft, self.scheduler, self.tracker, sps)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from dspark.spec.schedulers import GreedyEarlyStop
 from dspark.spec.sps import SPSTable
 
 
@@ -86,12 +87,25 @@ def test_monotone_fit_pools_dips_and_keeps_rising_profiles() -> None:
     assert rising.monotone().step_time_ms == rising.step_time_ms
 
 
-@pytest.mark.parametrize("extra", [0, 3, 10, 63, 200])
-def test_a_step_with_riding_prompts_is_the_table_shifted_by_their_tokens(extra: int) -> None:
+@pytest.mark.parametrize("prompt", [0, 3, 10, 63, 200])
+def test_a_round_with_riding_prompts_prices_its_drafts_at_what_they_add_to_that_forward(prompt: int) -> None:
     table = SPSTable([1, 8, 32, 64], [20.0, 25.0, 32.0, 51.0])
-    shifted = table.with_base_tokens(extra)
-    for n in (1, 2, 5, 22, 30, 54, 80, 500):
-        assert shifted.step_time_ms_at(n) == pytest.approx(table.step_time_ms_at(n + extra))
-    # one more token costs a step with prompts a smaller share of its time: the scheduler verifies more
-    if extra:
-        assert shifted.sps(9) / shifted.sps(8) > table.sps(9) / table.sps(8)
+    r = 4
+    priced = table.with_riders(prompt, r)
+    for n in (4, 5, 9, 22, 30, 54, 80, 500):  # T(r) + T(P + n) - T(P + r): a plain round plus what drafts add
+        want = table.step_time_ms_at(r) + table.step_time_ms_at(prompt + n) - table.step_time_ms_at(prompt + r)
+        assert priced.step_time_ms_at(n) == pytest.approx(want)
+
+
+def test_beside_prompts_a_draft_is_verified_when_it_beats_the_plain_steps_tokens_per_ms() -> None:
+    """T(n) = 10 + n ms: a plain round of 8 requests makes 8 tokens in 18 ms (0.44 a ms), a draft adds 1 ms. Beside
+    100 prompt tokens the round takes 118 ms; on that step's own throughput (8 / 118 a ms) a draft that survives
+    0.3 would look worth it, yet it buys 0.3 tokens a ms where plain steps make 0.44. Priced as `with_riders`
+    prices it, only drafts that beat 0.44 tokens a ms are verified."""
+    table = SPSTable([1, 64, 512], [11.0, 74.0, 522.0])
+    priced = table.with_riders(100, 8)
+    scheduler = GreedyEarlyStop()
+    assert scheduler.schedule([[0.5]] + [[]] * 7, priced) == [1] + [0] * 7
+    assert scheduler.schedule([[0.3]] + [[]] * 7, priced) == [0] * 8
+    shifted_only = SPSTable([1, 412], [111.0, 522.0])  # the step's own table, T(100 + n): verifies the 0.3
+    assert scheduler.schedule([[0.3]] + [[]] * 7, shifted_only) == [1] + [0] * 7

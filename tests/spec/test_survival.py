@@ -1,11 +1,11 @@
-"""prefix_survival and AcceptanceTracker."""
+"""prefix_survival (tensor and ragged rows) and AcceptanceTracker."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dspark.spec.survival import AcceptanceTracker, prefix_survival
+from dspark.spec.survival import AcceptanceTracker, prefix_survival, prefix_survival_rows
 
 
 def test_prefix_survival_is_the_cumulative_product() -> None:
@@ -85,3 +85,14 @@ def test_a_tracker_written_off_by_one_bad_round_tries_again() -> None:
     for _ in range(100):
         stubborn.update(num_draft=[0], num_accepted=[0])
     assert stubborn.conditional()[0] < 0.2
+
+
+def test_prefix_survival_rows_match_the_tensor_version_on_ragged_rows() -> None:
+    rows = [[0.9, 0.5, 0.25], [], [0.8], [1.0, 0.0, 0.7]]
+    width = max(map(len, rows))
+    padded = torch.tensor([r + [0.0] * (width - len(r)) for r in rows])
+    want = prefix_survival(padded, torch.tensor([len(r) for r in rows])).tolist()
+    got = prefix_survival_rows(rows)
+    assert [len(g) for g in got] == [len(r) for r in rows]
+    for g, w in zip(got, want):
+        assert g == pytest.approx(w[:len(g)], rel=1e-6)

@@ -3,12 +3,10 @@ table. Lossless: the caps depend on request state and confidences only, never on
 
 from __future__ import annotations
 
-import torch
-
 from dspark.models.drafters.base import DraftOutput
 from dspark.spec.schedulers import Scheduler
 from dspark.spec.sps import SPSTable
-from dspark.spec.survival import AcceptanceTracker, prefix_survival
+from dspark.spec.survival import AcceptanceTracker, prefix_survival_rows
 from dspark.verify_service.request import Request
 
 
@@ -17,12 +15,8 @@ def schedule(active: list[Request], draft: DraftOutput, scheduler: Scheduler, tr
     """ℓ_r per request: the drafter's confidences (prefix survival) where it gives them, else the survival
     measured on recent rounds."""
     proposed = [len(t) for t in draft.tokens]
-    if draft.confidences is not None:
-        conf = torch.zeros(len(active), max(proposed, default=0) or 1)
-        for r, c in enumerate(draft.confidences):
-            conf[r, :len(c)] = torch.tensor(c)
-        survival = [row[:k] for row, k in
-                    zip(prefix_survival(conf, torch.tensor(proposed)).tolist(), proposed)]
+    if draft.confidences is not None:  # one per drafted token; a drafted token without one: survival 0
+        survival = prefix_survival_rows([c[:k] + [0.0] * (k - len(c)) for c, k in zip(draft.confidences, proposed)])
     else:
         survival = tracker.survival(proposed)
     lengths = scheduler.schedule(survival, sps)  # type: ignore[arg-type]

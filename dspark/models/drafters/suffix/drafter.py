@@ -178,7 +178,7 @@ class SuffixDrafter:
         key = (source, regime)
         entry = self._tables.get(key)
         if entry is None:
-            cells = self.calibration.cells(source, regime)
+            cells = self.calibration.cells(source, regime, refreeze=False)  # new counts: at `feedback`'s refresh
             array = None if cells is None else np.asarray(cells, dtype=np.float32)
             # the array stays referenced beside its address (numpy's .ctypes.data costs microseconds a call)
             entry = self._tables[key] = (array, array.ctypes.data if array is not None else 0,
@@ -215,19 +215,23 @@ class SuffixDrafter:
             if source in self.stats:
                 self.stats[source].num_proposals += int(has[:, s].sum())
         to_draw: list[tuple[int, int]] = []  # (request, source) of the T > 0 requests: drawn from q below
-        for r, req in enumerate(requests):
-            c = int(out.chosen[r])
-            candidates = [s for s in range(len(_SOURCE_NAMES)) if has[r, s]]
-            if self.explore and len(candidates) > 1:
-                c = candidates[(self._num_rounds + zlib.crc32(req.request_id.encode())) % len(candidates)]
+        walked: list[tuple[int, int]] = []  # (request, source) of the deterministic drafts
+        for r, (req, c) in enumerate(zip(requests, out.chosen[:len(requests)].tolist())):
+            if self.explore:
+                candidates = [s for s in range(len(_SOURCE_NAMES)) if has[r, s]]
+                if len(candidates) > 1:
+                    c = candidates[(self._num_rounds + zlib.crc32(req.request_id.encode())) % len(candidates)]
             chosen.append(None)
             if c < 0:
                 continue
             if drawn and req.temperature > 0:
                 to_draw.append((r, c))
-                continue
-            walk = out.walk(r, c)
-            chosen[r] = Proposal(_SOURCE_NAMES[c], walk, walk.conf, req.temperature, regime_of(req.temperature))
+            else:
+                walked.append((r, c))
+        rows, sources = [r for r, _ in walked], [c for _, c in walked]
+        for r, c, walk in zip(rows, sources, out.walks(rows, sources)):
+            t = requests[r].temperature
+            chosen[r] = Proposal(_SOURCE_NAMES[c], walk, walk.conf, t, regime_of(t))
         if to_draw:
             self._draw(requests, chosen, texts, served, max_num_tokens, to_draw)
         if self.explore:
@@ -312,7 +316,8 @@ class SuffixDrafter:
                 self._num_live += min(n_ver, n_acc + 1)
         if self._num_live >= self.config.live_refresh_every:
             self._num_live = 0
-            self._tables = {}  # re-read at the next round; the tables that took outcomes re-freeze (add() unfroze)
+            self.calibration.refreeze()  # the tables that took outcomes, once here (not at every shift's re-read)
+            self._tables = {}  # re-read at the next round
         elif self.config.live_bias_rate > 0:  # a shift that moved: that source's cells re-read (~0.1 ms)
             bias = self.calibration.bias
             for key in [k for k, e in self._tables.items()

@@ -260,6 +260,15 @@ class BatchWalks:
         return Walk(self.tokens[r, s, :k].tolist(), self.freq[r, s, :k].tolist(), self.count[r, s, :k].tolist(),
                     self.match[r, s, :k].tolist(), self.conf[r, s, :k].tolist())
 
+    def walks(self, rows: list[int], sources: list[int]) -> list[Walk]:
+        """`walk(r, s)` for every (r, s) of rows x sources at once: one gather and one list conversion per field
+        for the batch (per walk they cost ~1.5 us each, most of a round's Python at 32 requests)."""
+        if not rows:
+            return []
+        ks = self.k[rows, sources].tolist()
+        fields = [a[rows, sources].tolist() for a in (self.tokens, self.freq, self.count, self.match, self.conf)]
+        return [Walk(*(f[i][:k] for f in fields)) for i, k in enumerate(ks)]
+
 
 def propose_batch(texts: list[RequestText], index: SuffixIndex | None, served: list[SuffixIndex | None],
                   params: WalkParams, max_tokens: int, tables: list[tuple[int, int, int]], use: tuple[bool, bool, bool],
