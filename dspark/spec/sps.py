@@ -64,11 +64,11 @@ class SPSTable:
         Algorithm 1 admits a draft while it raises expected tokens / T', i.e. while its survival beats its own
         marginal cost at the plain step's tokens per ms: a token verified beside a prompt is worth what it would
         cost in a plain step, not a share of the prompts' forward. Scheduling on T(P + n) (the longer step's own
-        throughput, until session 55) made any draft look cheap beside a prompt: on the Zen 4 EPYC, 4 x B new prompts through B slots, the hybrid went from 0.989 to
-        1.014x target-only at batch 8 and from 0.970 to 1.011x at batch 32, its rider rounds from 2.9 to 2.6 s
-        and from 14.2 to 10.4 s a run (docs/results/suffix/s55/riders). Where a rider forward prices a row below
-        the plain steps' time per token (a 1-thread AMX Xeon at batch 30: ~1.6 against ~2 ms), the rounds still
-        verify more than plain steps do."""
+        throughput, until session 55) made any draft look cheap beside a prompt: on the Zen 4 EPYC, 4 x B new
+        prompts through B slots, the hybrid went from 0.989 to 1.014x target-only at batch 8 and from 0.970 to
+        1.011x at batch 32, its rider rounds from 2.9 to 2.6 s and from 14.2 to 10.4 s a run
+        (docs/results/suffix/s55/riders). Where a rider forward prices a row below the plain steps' time per token
+        (a 1-thread AMX Xeon at batch 30: ~1.6 against ~2 ms), the rounds still verify more than plain steps do."""
         if prompt_tokens <= 0:
             return self
         r = max(1, num_requests)

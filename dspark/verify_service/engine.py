@@ -179,9 +179,9 @@ class Engine:
     def _draft_beside_prompts(self, active: list[Request]) -> DraftOutput:
         """A round that prefills prompts drafts whatever the gate says. The gate compares rounds without prompts,
         and beside a prompt's hundreds of tokens a draft and its verified tokens cost a small share of the
-        forward (the scheduler prices what they add to it, `SPSTable.with_riders`): a round at batch 30 with two prompts took ~100 ms where
-        one without took ~60 ms (SmolLM2 bf16, 1 thread, AMX Xeon). Lossless: whether a round prefills depends
-        on arrivals, never on draft tokens."""
+        forward (the scheduler prices what they add to it, `SPSTable.with_riders`): a round at batch 30 with two
+        prompts took ~100 ms where one without took ~60 ms (SmolLM2 bf16, 1 thread, AMX Xeon). Lossless: whether a
+        round prefills depends on arrivals, never on draft tokens."""
         return draft_phase.propose(self.drafter, None, active, self.config.num_draft_tokens)
 
     def _gate_allows(self, batch_size: int) -> bool:
