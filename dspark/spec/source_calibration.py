@@ -51,6 +51,7 @@ REGIMES = ("greedy", "sampled", "empirical")
 # the deterministic draft of the same q's mode does, so the point-mass tables are a conservative start
 PRIOR_REGIME = {"empirical": "sampled"}
 _NUM_F, _NUM_N, _NUM_M, _NUM_K = 10, 7, 6, 4
+_KEYS: dict[tuple[int, int, int, int], list[str]] = {}  # SourceTable._keys of each cell met so far (at most 1,680)
 MAX_BIAS = 3.0  # |b| in log-odds: a shift past it would mean the tables describe nothing of this traffic
 
 
@@ -82,7 +83,11 @@ class SourceTable:
 
     @staticmethod
     def _keys(bins: tuple[int, int, int, int]) -> list[str]:
-        return [",".join(str(b) for b in bins[:i]) for i in range(5)]  # "", "f", "f,n", "f,n,m", "f,n,m,k"
+        """"", "f", "f,n", "f,n,m", "f,n,m,k" (built once per cell: a live drafter adds every verdict's trials)."""
+        keys = _KEYS.get(bins)
+        if keys is None:
+            keys = _KEYS[bins] = [",".join(str(b) for b in bins[:i]) for i in range(5)]
+        return keys
 
     def add(self, bins: tuple[int, int, int, int], success: bool) -> None:
         for key in self._keys(bins):

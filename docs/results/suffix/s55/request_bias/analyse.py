@@ -3,17 +3,19 @@
 request), on collect.py's uncensored rounds. Prints per estimator: log-loss of the conditional trials, and the
 frontier "accepted drafts vs verified drafts" when each round verifies its prefix while the estimated prefix
 survival >= theta (theta swept): accepted at the verified-draft counts of the shipped estimator's thetas.
-    .venv/bin/python docs/results/suffix/s55/request_bias/analyse.py ROUNDS.jsonl"""
+    .venv/bin/python docs/results/suffix/s55/request_bias/analyse.py ROUNDS.jsonl[.gz]
+(rounds_t0.jsonl.gz: collect.py's 4,838 rounds of 96 held-out prompts at T = 0; analyse_t0.json: this on them)"""
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import sys
 
 import numpy as np
 
-rows = [json.loads(line) for line in open(sys.argv[1])]
+rows = [json.loads(line) for line in (gzip.open if sys.argv[1].endswith(".gz") else open)(sys.argv[1], "rt")]
 
 
 def logit(p: float) -> float:
