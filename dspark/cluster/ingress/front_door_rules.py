@@ -29,6 +29,14 @@ session 44). The new process still counts in flight only what it forwarded itsel
 still serves are not counted, so for one request's time after a reload up to a limit more may reach the
 ingress, which refuses them.
 
+At a first start Serve routes the application before its ingress replica is up: the generated backend then holds
+only Serve's own proxy as a `backup` server, which keeps a request until a replica comes, 20-25 s on a 2-core
+machine (a new user's chat hung past curl's 20 s there, session 55) only to be answered 503 "warming up" by the
+ingress. So while a routed backend has never had a replica (no `server` line but the backup, and no marker
+file beside the config saying one was seen), HAProxy answers its API paths 503 + Retry-After itself, as before
+the routing. Once a replica was seen, a backend that loses its replicas sends to Serve's proxy as Ray meant it
+(a replacement replica takes the queued requests).
+
 Ray Serve writes its HAProxy config itself (no hook), so `front_door.py` points Serve's HAProxy binary at a
 small wrapper script that runs this file: it adds the rules to the config named by `-f` (in place, under
 Ray's own lock file, idempotently) and then execs the real haproxy with the same arguments, so the process,
@@ -136,8 +144,31 @@ def backend_rules(backend: str) -> list[str]:
     ]
 
 
-def add_rules(config: str, excess_per_s: int = EXCESS_PER_S) -> str:
-    """The config with the front-door rules for every backend the HTTP frontend routes to (idempotent)."""
+def active_servers(config: str) -> dict[str, int]:
+    """Per backend section, its `server` lines that are not `backup` (Serve's replicas; its proxy is the backup)."""
+    counts: dict[str, int] = {}
+    name = ""
+    for line in config.split("\n"):
+        stripped = line.strip()
+        if line and not line[0].isspace():
+            name = stripped.split()[1] if stripped.startswith("backend ") and len(stripped.split()) > 1 else ""
+            if name:
+                counts.setdefault(name, 0)
+        elif name and stripped.startswith("server ") and "backup" not in stripped.split()[3:]:
+            counts[name] += 1
+    return counts
+
+
+def warming_rule(backend: str) -> list[str]:
+    """A routed backend without a replica yet: its API paths answered 503 warming up by HAProxy."""
+    return [f"    {MARKER}: {backend} has no replica yet, so its API is warming up",
+            "    http-request return status 503 content-type application/json hdr Retry-After 2 "
+            f"string \"{WARMING_BODY}\" if is_{backend} {{ path_beg /v1/ }}"]
+
+
+def add_rules(config: str, excess_per_s: int = EXCESS_PER_S, starting: tuple[str, ...] = ()) -> str:
+    """The config with the front-door rules for every backend the HTTP frontend routes to (idempotent);
+    `starting`: routed backends that have never had a replica (their API answered 503, warming up)."""
     if MARKER in config:
         return config
     lines = config.split("\n")
@@ -159,6 +190,9 @@ def add_rules(config: str, excess_per_s: int = EXCESS_PER_S) -> str:
         if (section == "frontend http_frontend" and not inserted_frontend
                 and stripped.startswith("use_backend ")):
             out.append(f"    acl dspark_generate path {' '.join(GENERATE_PATHS)}")
+            for b in backends:
+                if b in starting:
+                    out += warming_rule(b)
             for b in backends:
                 out += frontend_rules(b, excess_per_s)
             inserted_frontend = True
@@ -227,6 +261,21 @@ def _env_int(name: str, default: int, lowest: int) -> int:
         return default
 
 
+def starting_backends(config: str, folder: str) -> tuple[str, ...]:
+    """The routed backends of `config` that have never had a replica; marks in `folder` (Ray's config folder, one
+    per node and cluster) those that have one now."""
+    starting = []
+    active = active_servers(config)
+    for backend in _backends(config):
+        seen = os.path.join(folder, f"dspark_replica_seen_{_var(backend)}")
+        if active.get(backend, 0) > 0:
+            if not os.path.exists(seen):
+                open(seen, "a").close()
+        elif not os.path.exists(seen):
+            starting.append(backend)
+    return tuple(starting)
+
+
 def patch_file(path: str, excess_per_s: int = EXCESS_PER_S, learned: dict[str, int] | None = None) -> None:
     """Add the rules to the config at `path`, and what the replaced process learned, under the lock Ray takes
     to write it."""
@@ -235,7 +284,7 @@ def patch_file(path: str, excess_per_s: int = EXCESS_PER_S, learned: dict[str, i
         try:
             with open(path) as f:
                 text = f.read()
-            patched = add_rules(text, excess_per_s)
+            patched = add_rules(text, excess_per_s, starting_backends(text, os.path.dirname(path)))
             if learned is not None:
                 patched = carry_values(patched, learned)
             if patched != text:
