@@ -144,6 +144,12 @@ def backend_rules(backend: str) -> list[str]:
     ]
 
 
+def _backend_section(header: str) -> str:
+    """The backend a section header line names ("" for any other section)."""
+    words = header.split()
+    return words[1] if len(words) > 1 and words[0] == "backend" else ""
+
+
 def active_servers(config: str) -> dict[str, int]:
     """Per backend section, its `server` lines that are not `backup` (Serve's replicas; its proxy is the backup)."""
     counts: dict[str, int] = {}
@@ -151,7 +157,7 @@ def active_servers(config: str) -> dict[str, int]:
     for line in config.split("\n"):
         stripped = line.strip()
         if line and not line[0].isspace():
-            name = stripped.split()[1] if stripped.startswith("backend ") and len(stripped.split()) > 1 else ""
+            name = _backend_section(stripped)
             if name:
                 counts.setdefault(name, 0)
         elif name and stripped.startswith("server ") and "backup" not in stripped.split()[3:]:
@@ -159,11 +165,16 @@ def active_servers(config: str) -> dict[str, int]:
     return counts
 
 
+def _warming_return(condition: str) -> str:
+    """HAProxy answering 503 warming up + Retry-After itself where `condition` holds."""
+    return ("    http-request return status 503 content-type application/json hdr Retry-After 2 "
+            f"string \"{WARMING_BODY}\" if {condition}")
+
+
 def warming_rule(backend: str) -> list[str]:
     """A routed backend without a replica yet: its API paths answered 503 warming up by HAProxy."""
     return [f"    {MARKER}: {backend} has no replica yet, so its API is warming up",
-            "    http-request return status 503 content-type application/json hdr Retry-After 2 "
-            f"string \"{WARMING_BODY}\" if is_{backend} {{ path_beg /v1/ }}"]
+            _warming_return(f"is_{backend} {{ path_beg /v1/ }}")]
 
 
 def add_rules(config: str, excess_per_s: int = EXCESS_PER_S, starting: tuple[str, ...] = ()) -> str:
@@ -183,7 +194,7 @@ def add_rules(config: str, excess_per_s: int = EXCESS_PER_S, starting: tuple[str
         if line and not line[0].isspace():
             section = stripped
             out.append(line)
-            name = stripped.split()[1] if stripped.startswith("backend ") and len(stripped.split()) > 1 else ""
+            name = _backend_section(stripped)
             if name in backends:
                 out += backend_rules(name)
             continue
@@ -211,8 +222,7 @@ def _warming_rules(lines: list[str]) -> str:
         out.append(line)
         if line.strip() == "frontend http_frontend":
             out += [f"    {MARKER}: no application yet, so the API is warming up",
-                    "    http-request return status 503 content-type application/json hdr Retry-After 2 "
-                    f"string \"{WARMING_BODY}\" if {{ path_beg /v1/ }} or {{ path /health }}"]
+                    _warming_return("{ path_beg /v1/ } or { path /health }")]
     return "\n".join(out)
 
 

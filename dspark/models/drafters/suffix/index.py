@@ -256,13 +256,11 @@ class BatchWalks:
                                                   self.expected, self.chosen))
 
     def walk(self, r: int, s: int) -> Walk:
-        k = int(self.k[r, s])
-        return Walk(self.tokens[r, s, :k].tolist(), self.freq[r, s, :k].tolist(), self.count[r, s, :k].tolist(),
-                    self.match[r, s, :k].tolist(), self.conf[r, s, :k].tolist())
+        return self.walks([r], [s])[0]
 
     def walks(self, rows: list[int], sources: list[int]) -> list[Walk]:
-        """`walk(r, s)` for every pair (rows[i], sources[i]) at once: one gather and one list conversion per field
-        for the batch, where `walk` makes five conversions per walk."""
+        """Request rows[i]'s walk from source sources[i], for every i at once: one gather and one list conversion
+        per field for the batch, not five conversions per walk."""
         if not rows:
             return []
         ks = self.k[rows, sources].tolist()
