@@ -1,5 +1,5 @@
 """A draft worker killed with SIGKILL mid-generation costs speed, never a request: its verify side notices
-the broken gloo channel at once and finishes every request target-only, token for token as without it."""
+the broken channel (socket or gloo) at once and finishes every request target-only, token for token as without it."""
 
 from __future__ import annotations
 
@@ -9,28 +9,31 @@ import signal
 
 import torch
 
-from dspark.actors.transport import GlooChannel, free_port
+import pytest
+
+from dspark.actors.transport import free_port, open_channel
 from dspark.draft_service.client import RemoteDrafter
 from dspark.verify_service.pipelined_engine import PipelinedEngine
 from dspark.verify_service.request import SamplingParams
 from tests.test_pipelined_engine import NUM_NEW, config, prompts, target_only  # noqa: F401 - fixtures
 
 
-def _serve_ngram(port: int) -> None:  # the draft worker: its own process, as in the cluster
+def _serve_ngram(transport: str, port: int) -> None:  # the draft worker: its own process, as in the cluster
     from dspark.draft_service.service import DraftService, serve_channel
     from dspark.models.drafters.ngram import NgramDrafter
 
     torch.set_num_threads(1)
-    serve_channel(GlooChannel("127.0.0.1", port, 1, timeout_s=30), DraftService(NgramDrafter()))
+    serve_channel(open_channel(transport, "127.0.0.1", port, 1, timeout_s=30), DraftService(NgramDrafter()))
 
 
+@pytest.mark.parametrize("transport", ["socket", "gloo"])
 def test_a_killed_draft_worker_fails_no_request_and_output_stays_lossless(
-        tiny_target, prompts, target_only) -> None:  # noqa: F811 - the imported fixtures, by name
+        tiny_target, prompts, target_only, transport) -> None:  # noqa: F811 - the imported fixtures, by name
     port = free_port()
-    proc = mp.get_context("spawn").Process(target=_serve_ngram, args=(port,), daemon=True)
+    proc = mp.get_context("spawn").Process(target=_serve_ngram, args=(transport, port), daemon=True)
     proc.start()
     try:
-        remote = RemoteDrafter(GlooChannel("127.0.0.1", port, 0, timeout_s=30), ())
+        remote = RemoteDrafter(open_channel(transport, "127.0.0.1", port, 0, timeout_s=30), ())
         engine = PipelinedEngine(config(tiny_target, scheduler="fixed", draft_gate=False), target=tiny_target,
                                  drafter=remote)
         params = SamplingParams(max_tokens=NUM_NEW, ignore_eos=True)
@@ -44,7 +47,7 @@ def test_a_killed_draft_worker_fails_no_request_and_output_stays_lossless(
             for out in engine.step():
                 tokens[out.request_id] += out.new_token_ids
             num_steps += 1
-        assert remote.is_broken  # and said why (the gloo error), in the worker's stats and log
+        assert remote.is_broken  # and said why (the channel's error), in the worker's stats and log
         assert [tokens[i] for i in ids] == target_only  # every request finished, exactly
         drafted_after = [s for s in engine.stats[8:] if s.num_tokens > s.num_requests]
         assert not drafted_after  # target-only once the peer was gone

@@ -40,7 +40,7 @@ def config(target_dir: Path, **extra: object) -> ServeAppConfig:
         "draft_worker": {"num_cpus": 0.25, "num_threads": 1, "resources": {"draft_node": 1}}, **extra})
 
 
-@pytest.mark.parametrize("transport", ["gloo", "ray"])
+@pytest.mark.parametrize("transport", ["socket", "gloo", "ray"])
 def test_pools_land_on_the_nodes_their_resources_name_and_serve_across_them(cluster, tiny_target_dir, transport):
     cfg = config(tiny_target_dir, transport=transport, cluster_name=f"multinode-{transport}")
     engine = ClusterEngine(cfg)
@@ -79,10 +79,10 @@ def test_a_resource_the_cluster_lacks_is_a_clear_error(cluster, tiny_target_dir)
             "num_cpus": 0.1, "resources": {"draft_node": 2}}))
 
 
-def test_gloo_and_ray_transports_move_exact_tensors_between_nodes(cluster):
+def test_socket_gloo_and_ray_transports_move_exact_tensors_between_nodes(cluster):
     result = measure_transports([16, 256], num_features=3 * 64, reps=5,
                                 options_a={"num_cpus": 0, "resources": {"verify_node": 0.01}},
                                 options_b={"num_cpus": 0, "resources": {"draft_node": 0.01}})
     assert result["nodes"] == [cluster["head"], cluster["draft"]]
-    for transport in ("gloo", "ray"):
+    for transport in ("socket", "gloo", "ray"):
         assert all(r["is_exact"] and r["rtt_ms_median"] > 0 for r in result[transport].values())

@@ -1,11 +1,16 @@
 """Message transport between a paired verify worker and draft worker.
 
-A message is a dict of plain Python values and torch tensors (at any nesting depth). Two channels:
+A message is a dict of plain Python values and torch tensors (at any nesting depth), encoded by `wire`.
+Three channels; `open_channel` opens a pair's point-to-point end of the first two:
+
+- `SocketChannel` (`socket_channel.py`): one TCP connection; a message is one `sendmsg`, no notices go
+  back and forth before its bytes move.
 
 - `GlooChannel`: `torch.distributed` point-to-point over a process group built for THIS pair only
   (`ProcessGroupGloo` on its own TCPStore; NCCL on GPUs), so pairs can be rebuilt when pools change
   without touching a global default group. A message goes as a fixed-size first part (a header and,
-  when it fits, the pickled skeleton), then the skeleton if it did not fit, then each tensor's raw bytes.
+  when it fits, the skeleton: the pickled message and its tensors' shapes), then the skeleton if it did
+  not fit, then each tensor's raw bytes.
   Each part is its own gloo message, and gloo sends a part only once the peer has posted its receive (the
   receiver tells the sender it is ready), so every part past the first, whose receive is posted once the
   one before has arrived, costs a round of notices between the two processes. On 2 shared cores right after
@@ -32,7 +37,6 @@ import random
 import socket
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
@@ -41,62 +45,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from dspark.actors.socket_channel import SocketChannel
+from dspark.actors.wire import decode, empty_tensors, encode, tensor_metas
+
 _HEADER_TAG, _SKELETON_TAG, _TENSOR_TAG = 1, 2, 3
 _HEADER_LEN = 3  # (skeleton bytes, number of tensors, messages the sender has received)
 _FIRST_BYTES = 16384  # a message's first part: the header, then the skeleton where it fits
 _HEADER_BYTES = _HEADER_LEN * 8
-
-
-@dataclass(frozen=True)
-class _TensorSlot:
-    index: int
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-
-
-def pack(message: Any) -> tuple[Any, list[torch.Tensor]]:
-    """Replace every tensor by a slot; returns (skeleton, tensors in slot order), in host memory: the channels
-    carry bytes between processes (gloo's point-to-point ops take CPU tensors), and the receiver places them."""
-    tensors: list[torch.Tensor] = []
-
-    def walk(x: Any) -> Any:
-        if isinstance(x, torch.Tensor):
-            tensors.append(x.detach().cpu().contiguous())
-            return _TensorSlot(len(tensors) - 1, x.dtype, tuple(x.shape))
-        if isinstance(x, dict):
-            return {k: walk(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return type(x)(walk(v) for v in x)
-        return x
-
-    return walk(message), tensors
-
-
-def unpack(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
-    if isinstance(skeleton, _TensorSlot):
-        return tensors[skeleton.index]
-    if isinstance(skeleton, dict):
-        return {k: unpack(v, tensors) for k, v in skeleton.items()}
-    if isinstance(skeleton, (list, tuple)):
-        return type(skeleton)(unpack(v, tensors) for v in skeleton)
-    return skeleton
-
-
-def tensor_slots(skeleton: Any) -> list[_TensorSlot]:
-    found: list[_TensorSlot] = []
-
-    def walk(x: Any) -> None:
-        if isinstance(x, _TensorSlot):
-            found.append(x)
-        elif isinstance(x, dict):
-            for v in x.values():
-                walk(v)
-        elif isinstance(x, (list, tuple)):
-            for v in x:
-                walk(v)
-
-    walk(skeleton)
-    return sorted(found, key=lambda s: s.index)
 
 
 class Channel(Protocol):
@@ -160,8 +115,9 @@ class GlooChannel:
         self._first: tuple[torch.Tensor, Any] | None = None  # the next message's first part, receive posted
 
     def send(self, message: Any) -> None:
-        skeleton, tensors = pack(message)
-        pickled = np.frombuffer(pickle.dumps(skeleton), dtype=np.uint8)
+        data, tensors = encode(message)
+        pickled = np.frombuffer(pickle.dumps((tensor_metas(tensors), data), protocol=pickle.HIGHEST_PROTOCOL),
+                                dtype=np.uint8)
         first = np.zeros(_FIRST_BYTES, dtype=np.uint8)
         first[:_HEADER_BYTES] = np.array([len(pickled), len(tensors), self.num_messages_received],
                                          dtype=np.int64).view(np.uint8)
@@ -197,14 +153,14 @@ class GlooChannel:
             blob = torch.empty(num_bytes, dtype=torch.uint8)
             self.group.recv([blob], self.peer, _SKELETON_TAG).wait()
             pickled = blob.numpy().tobytes()
-        skeleton = pickle.loads(pickled)
-        tensors = [torch.empty(slot.shape, dtype=slot.dtype) for slot in tensor_slots(skeleton)]
+        metas, data = pickle.loads(pickled)
+        tensors = empty_tensors(metas)
         works = [self.group.recv([t], self.peer, _TENSOR_TAG) for t in tensors if t.numel()]  # posted together
         for w in works:
             w.wait()
         self.num_messages_received += 1
         self._reap_sends(peer_received)
-        return unpack(skeleton, tensors)
+        return decode(data, tensors)
 
     @property
     def num_pending_sends(self) -> int:
@@ -259,3 +215,17 @@ class RayChannel:
 
     def close(self) -> None:
         self._replies.clear()
+
+
+PairChannel = GlooChannel | SocketChannel  # a pair's point-to-point link
+
+
+def open_channel(transport: str, host: str, port: int, rank: int,
+                 timeout_s: float = 120.0) -> PairChannel:
+    """One end of a pair's point-to-point link (`transport` "socket" or "gloo"): rank 0 (the verify side) hosts
+    it at (host, port), rank 1 joins; blocks until both ends are there."""
+    if transport == "socket":
+        return SocketChannel(host, port, rank, timeout_s)
+    if transport == "gloo":
+        return GlooChannel(host, port, rank, timeout_s)
+    raise ValueError(f"no point-to-point channel for transport {transport!r}")

@@ -1,9 +1,9 @@
 """Measure the draft<->verify transports between two Ray actors: round trips of feature-sized tensors.
 
-`TransportProbe` actors pair up like a verify and a draft worker (one hosts the gloo store, the other
-echoes); `measure_transports` sends messages shaped like a step's traffic (a (n, F) feature block one way
-and back) and reports the round-trip time per size for gloo point-to-point and for Ray object refs, and
-whether every tensor came back bit-identical.
+`TransportProbe` actors pair up like a verify and a draft worker (one hosts the channel, the other echoes);
+`measure_transports` sends messages shaped like a step's traffic (a (n, F) feature block one way and back)
+and reports the round-trip time per size for each point-to-point channel (socket, gloo) and for Ray object
+refs, and whether every tensor came back bit-identical.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Any
 import ray
 import torch
 
-from dspark.actors.transport import Channel, GlooChannel, RayChannel, free_port, node_ip
+from dspark.actors.transport import Channel, PairChannel, RayChannel, free_port, node_ip, open_channel
 
 
 class TransportProbe:
     def __init__(self) -> None:
-        self.channel: GlooChannel | None = None
+        self.channel: PairChannel | None = None
         self._address: tuple[str, int] | None = None
 
     def node_id(self) -> str:
@@ -30,8 +30,8 @@ class TransportProbe:
         self._address = (node_ip(), free_port())
         return self._address
 
-    def open_gloo(self, host: str, port: int, rank: int) -> None:
-        self.channel = GlooChannel(host, port, rank)
+    def open(self, transport: str, host: str, port: int, rank: int) -> None:
+        self.channel = open_channel(transport, host, port, rank)
 
     def echo_forever(self) -> int:
         """Answer every message with itself until `close`; returns how many it echoed."""
@@ -47,7 +47,7 @@ class TransportProbe:
         return message
 
     def measure(self, transport: str, peer: Any, rows: list[int], num_features: int, reps: int) -> dict[str, Any]:
-        channel: Channel = self.channel if transport == "gloo" else RayChannel(peer)  # type: ignore[assignment]
+        channel: Channel = RayChannel(peer) if transport == "ray" else self.channel  # type: ignore[assignment]
         gen = torch.Generator().manual_seed(0)
         out: dict[str, Any] = {}
         for n in rows:
@@ -76,20 +76,25 @@ TransportProbeActor = ray.remote(max_concurrency=2)(TransportProbe)
 
 def measure_transports(rows: list[int], num_features: int, reps: int = 30,
                        options_a: dict | None = None, options_b: dict | None = None) -> dict[str, Any]:
-    """Round trips between two fresh probe actors (placed by `options_*`) over gloo and over Ray."""
+    """Round trips between two fresh probe actors (placed by `options_*`) over each point-to-point channel
+    (socket, gloo) and over Ray; `*_speedup`: Ray's median round trip over the channel's, by size."""
     a = TransportProbeActor.options(**(options_a or {"num_cpus": 0})).remote()
     b = TransportProbeActor.options(**(options_b or {"num_cpus": 0})).remote()
+    out: dict[str, Any] = {"num_features": num_features, "reps": reps}
     try:
-        host, port = ray.get(a.address.remote())
-        ray.get([a.open_gloo.remote(host, port, 0), b.open_gloo.remote(host, port, 1)])
-        echo = b.echo_forever.remote()
-        gloo = ray.get(a.measure.remote("gloo", None, rows, num_features, reps))
-        ray.get(a.close_peer.remote())
-        ray.get(echo)
-        via_ray = ray.get(a.measure.remote("ray", b, rows, num_features, reps))
-        nodes = ray.get([a.node_id.remote(), b.node_id.remote()])
+        for transport in ("socket", "gloo"):
+            host, port = ray.get(a.address.remote())
+            ray.get([a.open.remote(transport, host, port, 0), b.open.remote(transport, host, port, 1)])
+            echo = b.echo_forever.remote()
+            out[transport] = ray.get(a.measure.remote(transport, None, rows, num_features, reps))
+            ray.get(a.close_peer.remote())
+            ray.get(echo)
+        via_ray = out["ray"] = ray.get(a.measure.remote("ray", b, rows, num_features, reps))
+        out["nodes"] = ray.get([a.node_id.remote(), b.node_id.remote()])
     finally:
         for actor in (a, b):
             ray.kill(actor)
-    return {"num_features": num_features, "reps": reps, "nodes": nodes, "gloo": gloo, "ray": via_ray,
-            "gloo_speedup": {k: via_ray[k]["rtt_ms_median"] / max(gloo[k]["rtt_ms_median"], 1e-9) for k in gloo}}
+    for transport in ("socket", "gloo"):
+        out[f"{transport}_speedup"] = {k: via_ray[k]["rtt_ms_median"] / max(v["rtt_ms_median"], 1e-9)
+                                       for k, v in out[transport].items()}
+    return out

@@ -174,9 +174,9 @@ class ServeAppConfig(BaseModel):
     num_draft_workers: int = Field(1, ge=1, description="DraftWorker actors (decoupled; paired 1:1 with verifiers).")
     verify_worker: WorkerResources = Field(default_factory=WorkerResources, description="Per VerifyWorker.")
     draft_worker: WorkerResources = Field(default_factory=WorkerResources, description="Per DraftWorker.")
-    transport: Literal["gloo", "ray"] = Field(
-        "gloo", description="Draft<->verify tensors: torch.distributed point-to-point (gloo on CPU) or Ray "
-                            "object references.")
+    transport: Literal["socket", "gloo", "ray"] = Field(
+        "gloo", description="Draft<->verify messages: one TCP connection per pair (`SocketChannel`), "
+                            "torch.distributed point-to-point (gloo on CPU) or Ray object references.")
     num_micro_batches: int | None = Field(
         None, ge=1, description="Ping-pong micro-batches per verify worker: a draft round of one overlaps the "
                                 "verification of another. null: 2 in decoupled mode, 1 in colocated mode (an "

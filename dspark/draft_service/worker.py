@@ -1,6 +1,6 @@
 """DraftWorker: a Ray actor that owns a drafter and each request's draft-side context.
 
-Paired with one VerifyWorker. With the gloo transport it joins the pair's process group and answers
+Paired with one VerifyWorker. With the socket or gloo transport it joins the pair's channel and answers
 messages on a background thread (`serve_channel`); with the Ray transport the verify worker calls
 `handle` directly. The drafter's frozen target pieces (embedding, LM head) are loaded on this worker's
 device, so nothing but the per-step messages crosses between the two.
@@ -16,7 +16,7 @@ from typing import Any
 import ray
 import torch
 
-from dspark.actors.transport import GlooChannel
+from dspark.actors.transport import PairChannel, open_channel
 from dspark.config.engine import resolve_dtype
 from dspark.config.serve import ServeAppConfig
 from dspark.draft_service.service import DraftService, DraftSpan, serve_channel
@@ -44,7 +44,7 @@ class DraftWorker:
 
         self.service = DraftService(drafter, on_span=on_span)
         metrics.refresh_every(lambda: metrics.set("dspark_draft_contexts", self.service.num_requests))
-        self.links: dict[int, tuple[GlooChannel, threading.Thread]] = {}  # one per verify partner (M:N)
+        self.links: dict[int, tuple[PairChannel, threading.Thread]] = {}  # one per verify partner (M:N)
         self._next_link = 0
         self.error: str | None = None  # the last link that broke, until a new one is made
 
@@ -52,10 +52,10 @@ class DraftWorker:
         return {"worker_id": self.worker_id, "node_id": ray.get_runtime_context().get_node_id(),
                 "pid": os.getpid(), "hidden_layers": list(self.service.hidden_layers)}
 
-    def pair_gloo(self, host: str, port: int) -> None:
-        """Join a verify worker's two-rank group (blocks until it joins too) and answer it on a thread of
+    def pair_channel(self, host: str, port: int) -> None:
+        """Join a verify worker's channel (blocks until it joins too) and answer it on a thread of
         its own; earlier links keep working (one draft worker may serve several verify workers)."""
-        channel = GlooChannel(host, port, 1)
+        channel = open_channel(self.config.transport, host, port, 1)
         link = self._next_link
         self._next_link += 1
         thread = threading.Thread(target=self._serve, args=(channel, link), name=f"dspark-draft-{link}",
@@ -66,7 +66,7 @@ class DraftWorker:
             omp_teams.release()
         thread.start()
 
-    def _serve(self, channel: GlooChannel, link: int) -> None:
+    def _serve(self, channel: PairChannel, link: int) -> None:
         try:
             serve_channel(channel, self.service, link)
         except Exception as exc:  # noqa: BLE001 - surfaced through stats() and is_alive()
@@ -103,5 +103,5 @@ class DraftWorker:
                 "draft_ms_mean": 1e3 * busy / len(spans) if spans else 0.0}
 
 
-# threaded: stats() answers while pair_gloo waits for the peer or the Ray-transport handle() runs
+# threaded: stats() answers while pair_channel waits for the peer or the Ray-transport handle() runs
 DraftWorkerActor = ray.remote(max_concurrency=4)(DraftWorker)

@@ -22,7 +22,7 @@ import torch
 
 from dspark.actors.cluster_scheduler import WorkerLoad
 from dspark.actors.scheduler_actor import SchedulerClient
-from dspark.actors.transport import GlooChannel, RayChannel, free_port, node_ip
+from dspark.actors.transport import PairChannel, RayChannel, free_port, node_ip, open_channel
 from dspark.config.engine import resolve_dtype
 from dspark.config.serve import ServeAppConfig
 from dspark.draft_service.client import RemoteDrafter
@@ -59,9 +59,9 @@ class VerifyWorker:
         self.scheduler_client = SchedulerClient(f"{config.cluster_name}-scheduler", "dspark",
                                                 min_interval_s=config.scheduler_report_interval_ms / 1e3)
         self.draft_worker: str | None = None
-        self.channel: GlooChannel | RayChannel | None = None
+        self.channel: PairChannel | RayChannel | None = None
         self._pending_channel: tuple[str, int] | None = None
-        self._reconnect: tuple[str, GlooChannel] | None = None
+        self._reconnect: tuple[str, PairChannel] | None = None
         self._paired_at_step = -1  # K decided from reports up to this step describe a drafter since replaced
         self.rebuilt = {"positions": 0, "ms": 0.0}  # draft contexts recomputed for re-paired draft workers
         self._sent_profile = False
@@ -76,15 +76,16 @@ class VerifyWorker:
                 "pid": os.getpid(), "paired_with": self.draft_worker, "is_serving": self.async_engine is not None}
 
     def channel_address(self) -> tuple[str, int]:
-        """Where the paired DraftWorker meets this worker's gloo group (this worker hosts the store)."""
+        """Where the paired DraftWorker meets this worker's channel (this worker hosts it: the socket's listener
+        or the gloo group's store)."""
         self._pending_channel = (node_ip(), free_port())
         return self._pending_channel
 
-    async def pair_gloo(self, draft_worker: str, hidden_layers: list[int]) -> None:
+    async def pair_channel(self, draft_worker: str, hidden_layers: list[int]) -> None:
         if self._pending_channel is None:
             raise RuntimeError("call channel_address first")
         host, port = self._pending_channel
-        channel = await asyncio.to_thread(GlooChannel, host, port, 0)
+        channel = await asyncio.to_thread(open_channel, self.config.transport, host, port, 0)
         if self.async_engine is not None and isinstance(self.engine.drafter, RemoteDrafter):
             # serving already (the draft partner was replaced): the engine thread switches between steps
             self._reconnect = (draft_worker, channel)
@@ -123,7 +124,7 @@ class VerifyWorker:
     def pair_ray(self, draft_worker: str, draft_handle: Any, hidden_layers: list[int]) -> None:
         self._attach(draft_worker, RayChannel(draft_handle), hidden_layers)
 
-    def _attach(self, draft_worker: str, channel: GlooChannel | RayChannel, hidden_layers: list[int]) -> None:
+    def _attach(self, draft_worker: str, channel: PairChannel | RayChannel, hidden_layers: list[int]) -> None:
         if self.async_engine is not None:
             raise RuntimeError(f"{self.worker_id} is already serving (paired with {self.draft_worker})")
         self.channel, self.draft_worker = channel, draft_worker

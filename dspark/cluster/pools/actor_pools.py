@@ -92,10 +92,10 @@ def start_pools(config: ServeAppConfig, timeout_s: float = 900.0) -> Pools:
 
 def pair(verify: Any, draft: Any, draft_id: str, hidden_layers: list[int], transport: str,
          timeout_s: float = 120.0) -> None:
-    """Connect one verify worker to one draft worker (both sides join a fresh two-rank group)."""
-    if transport == "gloo":
+    """Connect one verify worker to one draft worker (both sides join a fresh channel of `transport`)."""
+    if transport in ("socket", "gloo"):
         host, port = ray.get(verify.channel_address.remote(), timeout=timeout_s)
-        ray.get([verify.pair_gloo.remote(draft_id, hidden_layers), draft.pair_gloo.remote(host, port)],
+        ray.get([verify.pair_channel.remote(draft_id, hidden_layers), draft.pair_channel.remote(host, port)],
                 timeout=timeout_s)
     else:
         ray.get(verify.pair_ray.remote(draft_id, draft, hidden_layers), timeout=timeout_s)

@@ -33,7 +33,7 @@ import ray
 from ray import serve
 
 from dspark.actors.scheduler_actor import get_or_create_scheduler
-from dspark.actors.transport import GlooChannel
+from dspark.actors.transport import open_channel
 from dspark.config.serve import ServeAppConfig
 from dspark.draft_service.client import RemoteDrafter
 from dspark.draft_service.worker import DraftWorker
@@ -201,9 +201,9 @@ class VerifyReplica(VerifyWorker):
         if did is None:
             return
         host, port = self.channel_address()
-        reply = self.draft_pool.options(session_id=did).pair_gloo.remote(host, port)
+        reply = self.draft_pool.options(session_id=did).pair_channel.remote(host, port)
         try:
-            channel = GlooChannel(host, port, 0)  # blocks until the draft replica joins
+            channel = open_channel(self.config.transport, host, port, 0)  # blocks until the draft replica joins
             reply.result(timeout_s=60)
         except Exception:
             failed[did] = time.monotonic()
@@ -229,9 +229,9 @@ class DraftReplica(DraftWorker):
         self.heartbeat = _Heartbeat(config, "draft", rid, lambda: {"num_contexts": self.service.num_requests,
                                                                    "pid": os.getpid(), "num_links": self.num_links})
 
-    async def pair_gloo(self, host: str, port: int) -> list[int]:  # type: ignore[override]
+    async def pair_channel(self, host: str, port: int) -> list[int]:  # type: ignore[override]
         """Pair with the verify replica that called (blocks until both sides joined); its feature taps."""
-        await asyncio.to_thread(DraftWorker.pair_gloo, self, host, port)
+        await asyncio.to_thread(DraftWorker.pair_channel, self, host, port)
         return list(self.service.hidden_layers)
 
     def check_health(self) -> None:
