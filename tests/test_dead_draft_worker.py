@@ -7,9 +7,8 @@ import multiprocessing as mp
 import os
 import signal
 
-import torch
-
 import pytest
+import torch
 
 from dspark.actors.transport import free_port, open_channel
 from dspark.draft_service.client import RemoteDrafter
