@@ -24,7 +24,7 @@ def test_the_shipped_serve_yaml_is_a_valid_decoupled_config():
     app = doc["applications"][0]
     assert app["autoscaling_policy"]["policy_function"] == "dspark.autoscale.serve_policy:PoolAutoscaler"
     cfg = ServeAppConfig.model_validate(app["args"])
-    assert cfg.mode == "decoupled" and cfg.scheduler == "central" and cfg.transport == "gloo"
+    assert cfg.mode == "decoupled" and cfg.scheduler == "central" and cfg.transport == "socket"
     assert cfg.pools == "serve" and cfg.verify_autoscaling and cfg.draft_autoscaling
     assert [a.name for a in cfg.ab_arms] == ["dspark", "mtp1"]
     mtp1 = cfg.arm_config(cfg.ab_arms[1])

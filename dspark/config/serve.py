@@ -175,8 +175,10 @@ class ServeAppConfig(BaseModel):
     verify_worker: WorkerResources = Field(default_factory=WorkerResources, description="Per VerifyWorker.")
     draft_worker: WorkerResources = Field(default_factory=WorkerResources, description="Per DraftWorker.")
     transport: Literal["socket", "gloo", "ray"] = Field(
-        "gloo", description="Draft<->verify messages: one TCP connection per pair (`SocketChannel`), "
-                            "torch.distributed point-to-point (gloo on CPU) or Ray object references.")
+        "socket", description="Draft<->verify messages: one TCP connection per pair (`SocketChannel`), "
+                              "torch.distributed point-to-point (gloo on CPU) or Ray object references. Session "
+                              "56, Zen 4, `dspark bench transport` (16 / 128 / 512 feature rows): socket 0.32 / "
+                              "0.64 / 1.95 ms a round trip, gloo 0.55 / 0.87 / 2.57, Ray 4.1 / 5.9 / 17.8.")
     num_micro_batches: int | None = Field(
         None, ge=1, description="Ping-pong micro-batches per verify worker: a draft round of one overlaps the "
                                 "verification of another. null: 2 in decoupled mode, 1 in colocated mode (an "
