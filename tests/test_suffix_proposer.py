@@ -27,6 +27,7 @@ from dspark.models.drafters.suffix.index import (
     WalkParams,
     build_suffix_array,
     concat_documents,
+    propose_batch,
 )
 from dspark.spec.chi2 import ALPHA, chi_square_pvalue
 from dspark.spec.source_calibration import SourceCalibration, feature_bins
@@ -85,6 +86,33 @@ def test_corpus_walk_takes_the_most_frequent_continuation_of_the_longest_context
         if len(walk.tokens) > 1:  # the walk goes on from the extended context
             nxt = brute_next_counts(docs, context[-longest:].tolist() + [walk.tokens[0]])
             assert nxt[walk.tokens[1]] == max(nxt.values()) and walk.match[1] == longest + 1
+
+
+def test_a_batchs_walks_go_in_lockstep_and_each_is_its_own_walk():
+    # more requests than one lockstep pass takes, contexts with and without matches, short ones, and a separator
+    # (-1) inside: every corpus walk of the batch is the request's own single walk, which the brute force checks
+    docs = random_docs(3)
+    index = SuffixIndex.build(docs)
+    params = WalkParams(min_ctx=1, max_ctx=5, min_path_prob=0.05, num_samples=8)  # large runs sampled
+    rng = np.random.default_rng(4)
+    contexts = [rng.integers(0, 14, size=int(rng.integers(1, 9))).astype(np.int32) for _ in range(70)]
+    contexts[5][0] = -1
+    texts = []
+    for c in contexts:
+        t = RequestText()
+        t.sync(c.tolist())
+        texts.append(t)
+    out = propose_batch(texts, index, [None] * len(texts), params, 4, [(0, 0, 0)] * len(texts),
+                        (True, True, False), None, np.zeros(params.max_occurrences, dtype=np.int64))
+    for r, c in enumerate(contexts):
+        batch_walk, single = out.walk(r, 1), index.walk(c, 4, params)
+        assert batch_walk == single, r
+        clean = c[(np.flatnonzero(c < 0)[-1] + 1) if (c < 0).any() else 0:]
+        longest = next((n for n in range(min(5, len(clean)), 0, -1) if brute_next_counts(docs, clean[-n:].tolist())),
+                       None)
+        if single.tokens:
+            assert single.match[0] == longest
+    assert sum(bool(out.walk(r, 1).tokens) for r in range(len(contexts))) > 20  # most of them walked somewhere
 
 
 def test_large_runs_are_sampled_but_the_winner_is_counted_exactly():
