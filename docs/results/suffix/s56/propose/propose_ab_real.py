@@ -1,10 +1,10 @@
 """Session 56: the suffix kernels of a base commit against this checkout's on REAL decoding contexts. s54's
 `propose_ab.py` grows eval prompts by filler tokens, so 78 % of its corpus walks match nothing (all of 2..8 fail);
 here the contexts are what the hybrid proposes on while it decodes: B mixed eval prompts decoded 128 tokens through B
-slots by the hybrid (Algorithm 1 without the draft gate, so every step proposes; greedy) on this checkout's kernels, every proposal round's requests
-recorded, then replayed on either build in alternating order, 256 MB read before every round (a forward leaves the
-caches so), each round's walks compared bit for bit. Median ms a round; the matched context lengths of the corpus
-walks. One JSON line.
+slots by the hybrid (Algorithm 1 without the draft gate, so every step proposes; greedy) on this checkout's kernels,
+every proposal round's requests recorded, then replayed on either build in alternating order, 256 MB read before
+every round (a forward leaves the caches so), each round's walks compared bit for bit. Median ms a round; the matched
+context lengths of the corpus walks. One JSON line.
     .venv/bin/python docs/results/suffix/s56/propose/propose_ab_real.py [BASE_COMMIT] [B]"""
 
 from __future__ import annotations
