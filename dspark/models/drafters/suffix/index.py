@@ -264,8 +264,9 @@ class BatchWalks:
         if not rows:
             return []
         ks = self.k[rows, sources].tolist()
-        fields = [a[rows, sources].tolist() for a in (self.tokens, self.freq, self.count, self.match, self.conf)]
-        return [Walk(*(f[i][:k] for f in fields)) for i, k in enumerate(ks)]
+        tok, freq, count, match, conf = (a[rows, sources].tolist()
+                                         for a in (self.tokens, self.freq, self.count, self.match, self.conf))
+        return [Walk(tok[i][:k], freq[i][:k], count[i][:k], match[i][:k], conf[i][:k]) for i, k in enumerate(ks)]
 
 
 def propose_batch(texts: list[RequestText], index: SuffixIndex | None, served: list[SuffixIndex | None],
@@ -278,8 +279,7 @@ def propose_batch(texts: list[RequestText], index: SuffixIndex | None, served: l
     if out is None or out.num_requests < n or out.max_tokens != max_tokens:
         out = BatchWalks(max(n, 2 * (out.num_requests if out else 0), 8), max_tokens)
     _point_at(out, texts, served)
-    for r, cells in enumerate(tables):
-        out.tables[3 * r:3 * r + 3] = cells
+    out.tables[:3 * n] = [c for cells in tables for c in cells]
     lib = suffix_native.required()
     has_index = index is not None and len(index.sa) > 0
     lib.propose_batch(n, out.seq_ptrs.ctypes.data, out.seq_lens.ctypes.data,
@@ -295,13 +295,11 @@ def propose_batch(texts: list[RequestText], index: SuffixIndex | None, served: l
 def _point_at(out: BatchWalks | SampledWalks, texts: list[RequestText], served: list[SuffixIndex | None]) -> None:
     """Request r's text (address, length) and its served index (text, length, sa, length; a zero length:
     none) into the buffers a native batch call reads."""
-    for r, (t, s) in enumerate(zip(texts, served)):
-        out.seq_ptrs[r] = t.ptr
-        out.seq_lens[r] = t.length
-        if s is not None and len(s.sa):
-            out.served[4 * r:4 * r + 4] = (s._text_ptr, len(s.text), s._sa_ptr, len(s.sa))
-        else:
-            out.served[4 * r + 3] = 0
+    n = len(texts)
+    out.seq_ptrs[:n] = [t.ptr for t in texts]  # one conversion a field, not one numpy store a request
+    out.seq_lens[:n] = [t.length for t in texts]
+    out.served[:4 * n] = [x for s in served for x in (
+        (s._text_ptr, len(s.text), s._sa_ptr, len(s.sa)) if s is not None and len(s.sa) else (0, 0, 0, 0))]
 
 
 class SampledWalks:
