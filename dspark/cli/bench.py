@@ -346,7 +346,7 @@ def bench_transport_cmd(
     reps: int = typer.Option(30, min=1, help="Round trips per size (after 2 warm-up)."),
     out: Path | None = typer.Option(None),
 ) -> None:
-    """Draft<->verify transports between two Ray actors: gloo point-to-point vs Ray object refs."""
+    """Draft<->verify transports between two Ray actors: a TCP socket and gloo point-to-point vs Ray object refs."""
     import ray
 
     from dspark.actors.transport_probe import measure_transports
