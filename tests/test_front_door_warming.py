@@ -60,6 +60,8 @@ def test_a_routed_backend_is_warming_up_until_its_first_replica_and_not_after(tm
         chat = first_answer(lambda: httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={}, timeout=2))
         assert chat.status_code == 503 and chat.headers["retry-after"] == "2"
         assert chat.json()["error"]["code"] == "warming_up"
+        health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)  # not ready while the API is refused
+        assert health.status_code == 503 and health.headers["retry-after"] == "2"
     assert warming not in patched(UP)  # a replica is up: the rules as for any routed backend
     assert (tmp_path / "dspark_replica_seen_app").exists()
     # its replicas gone later (one died): Serve's proxy takes the requests until a replacement comes, as Ray meant

@@ -33,8 +33,9 @@ At a first start Serve routes the application before its ingress replica is up: 
 only Serve's own proxy as a `backup` server, which keeps a request until a replica comes, 20-25 s on a 2-core
 machine (a new user's chat hung past curl's 20 s there, session 55) only to be answered 503 "warming up" by the
 ingress. So while a routed backend has never had a replica (no `server` line but the backup, and no marker
-file beside the config saying one was seen), HAProxy answers its API paths 503 + Retry-After itself, as before
-the routing. Once a replica was seen, a backend that loses its replicas sends to Serve's proxy as Ray meant it
+file beside the config saying one was seen), HAProxy answers its API paths and /health 503 + Retry-After itself,
+as before the routing (/health too, so that it says ready only once the API is let through). Once a replica was
+seen, a backend that loses its replicas sends to Serve's proxy as Ray meant it
 (a replacement replica takes the queued requests).
 
 Ray Serve writes its HAProxy config itself (no hook), so `front_door.py` points Serve's HAProxy binary at a
@@ -172,9 +173,12 @@ def _warming_return(condition: str) -> str:
 
 
 def warming_rule(backend: str) -> list[str]:
-    """A routed backend without a replica yet: its API paths answered 503 warming up by HAProxy."""
+    """A routed backend without a replica yet: its API paths and its /health answered 503 warming up by HAProxy.
+    /health too: once the replica is up, Serve's proxy (the backup) answers it 200 before Ray's reload brings
+    the replica into this config, and a client that waited for /health (`bench serve` does) then had its first
+    chats refused by this rule (3 of 3 in one CI run, session 56)."""
     return [f"    {MARKER}: {backend} has no replica yet, so its API is warming up",
-            _warming_return(f"is_{backend} {{ path_beg /v1/ }}")]
+            _warming_return(f"is_{backend} {{ path_beg /v1/ }} or is_{backend} {{ path /health }}")]
 
 
 def add_rules(config: str, excess_per_s: int = EXCESS_PER_S, starting: tuple[str, ...] = ()) -> str:
