@@ -65,71 +65,6 @@ static int64_t narrow(int64_t *work, int64_t num, const int32_t *seq, int64_t n,
     return kept;
 }
 
-/* Ask for sa[i] ahead of its use (a hint: it never faults, and changes no result). */
-static inline void prefetch_sa(const int32_t *sa, int64_t lo, int64_t hi) {
-    if (lo < hi) __builtin_prefetch(sa + lo + (hi - lo) / 2, 0, 1);
-}
-
-/* [lo, hi) of sa whose suffixes start with p[0..m), searched within [lo0, hi0). A cold index costs a cache miss
- * or two a probe (sa[mid], then the text there), so: the second search starts from the tightest bound above the
- * run the first one met (a probe greater than p), not from hi0, and each probe asks for the sa entries of both
- * of its possible successors while it compares (the next probe's first miss overlaps this one's). Same result as
- * two plain binary searches over [lo0, hi0). */
-static void run_of(const int32_t *text, int64_t n_text, const int32_t *sa, int64_t lo0, int64_t hi0,
-                   const int32_t *p, int64_t m, int64_t *lo_out, int64_t *hi_out) {
-    int64_t lo = lo0, hi = hi0, above = hi0;
-    while (lo < hi) { /* first suffix >= p */
-        int64_t mid = lo + (hi - lo) / 2;
-        prefetch_sa(sa, lo, mid), prefetch_sa(sa, mid + 1, hi);
-        int c = cmp_at(text, n_text, sa[mid], p, m);
-        if (c < 0) lo = mid + 1; else hi = mid;
-        if (c > 0) above = mid; /* sorted: every suffix from mid on is > p */
-    }
-    int64_t first = lo;
-    hi = above;
-    while (lo < hi) { /* first suffix > p (p not a prefix) */
-        int64_t mid = lo + (hi - lo) / 2;
-        prefetch_sa(sa, lo, mid), prefetch_sa(sa, mid + 1, hi);
-        if (cmp_at(text, n_text, sa[mid], p, m) <= 0) lo = mid + 1; else hi = mid;
-    }
-    *lo_out = first;
-    *hi_out = lo;
-}
-
-/* Whether the last `len` tokens of ctx[0..n_ctx) (no separator among them) occur in the index with a continuation:
- * their run of `sa` to [*lo, *hi). */
-static int has_continuation(const int32_t *text, int64_t n_text, const int32_t *sa, int64_t n_sa, const int32_t *ctx,
-                            int64_t n_ctx, int64_t len, int64_t *lo, int64_t *hi) {
-    for (int64_t i = 0; i < len; i++)
-        if (ctx[n_ctx - len + i] < 0) return 0;
-    run_of(text, n_text, sa, 0, n_sa, ctx + n_ctx - len, len, lo, hi);
-    /* a run is sorted by next token and the separator sorts first: its last entry has a real next token iff any
-     * entry has one */
-    return *hi > *lo && token_at(text, n_text, (int64_t)sa[*hi - 1] + len) >= 0;
-}
-
-/* The longest context suffix of ctx[0..n_ctx) (max_ctx..min_ctx tokens, no separator) whose run of `sa` has a
- * continuation: copied to pat, its run to [*lo, *hi); returns its length (0: none). Having one is monotone in the
- * length (where the last L tokens occur with a next token, the last L - 1 occur one on, with the same next token;
- * a separator in the last L is in every longer suffix too), so the lengths are binary searched: each length tried is
- * a binary search of the whole array, a cache miss or two a probe on a cold index, and trying them longest first cost
- * 4.9 of them a walk in real decoding (the matched length spreads over 2..8, 13 % none) against ~3. */
-static int64_t index_match(const int32_t *text, int64_t n_text, const int32_t *sa, int64_t n_sa, const int32_t *ctx,
-                           int64_t n_ctx, int64_t min_ctx, int64_t max_ctx, int32_t *pat, int64_t *lo, int64_t *hi) {
-    if (max_ctx > n_ctx) max_ctx = n_ctx;
-    if (max_ctx > 128) max_ctx = 128;
-    if (min_ctx < 1) min_ctx = 1;
-    int64_t yes = min_ctx - 1, no = max_ctx + 1; /* lengths <= yes have a continuation, >= no do not */
-    while (no - yes > 1) {
-        int64_t len = yes + (no - yes) / 2, a, b;
-        if (has_continuation(text, n_text, sa, n_sa, ctx, n_ctx, len, &a, &b)) { yes = len; *lo = a; *hi = b; }
-        else no = len;
-    }
-    if (yes < min_ctx) return 0;
-    for (int64_t i = 0; i < yes; i++) pat[i] = ctx[n_ctx - yes + i];
-    return yes;
-}
-
 /* ---- Walks in lockstep --------------------------------------------------------------------------------------
  * On a cold index every probe of a binary search waits for a cache miss or two (sa[mid], then the text there), and
  * one request's probes depend on each other. A round's walks do not: `walk_lockstep` advances the walks of many
@@ -200,9 +135,13 @@ static int64_t sample_at(int64_t lo, int64_t run, int64_t num_samples, int64_t s
     return run <= num_samples ? lo + s : lo + (run * s + run / 2) / num_samples;
 }
 
-/* The walks of ws[0..n) (see suffix_walk), together. */
-static void walk_lockstep(Walker *ws, int64_t n, int64_t min_ctx, int64_t max_ctx, int64_t depth, int64_t max_tokens,
-                          float min_path_prob, int64_t num_samples) {
+/* The matched context of every walk of ws[0..n): the longest suffix of its context (max_ctx..min_ctx tokens, no
+ * separator) whose run of `sa` has a continuation, to pat[0..m) and [lo, hi); done where none. Having one is monotone
+ * in the length (where the last L tokens occur with a next token, the last L - 1 occur one on, with the same next
+ * token; a separator in the last L is in every longer suffix too), so the lengths are binary searched: each length
+ * tried is a search of the whole array, and trying them longest first cost 4.9 of them a walk in real decoding (the
+ * matched length spreads over 2..8, 11 % none; session 56) against ~3. */
+static void match_lockstep(Walker *ws, int64_t n, int64_t min_ctx, int64_t max_ctx) {
     Search qs[WALK_LANES];
     Walker *of[WALK_LANES];
     if (min_ctx < 1) min_ctx = 1;
@@ -213,7 +152,7 @@ static void walk_lockstep(Walker *ws, int64_t n, int64_t min_ctx, int64_t max_ct
         w->yes = min_ctx - 1, w->no = top + 1, w->k = 0, w->path = 1.0f;
         w->done = w->n_sa == 0 || w->n_ctx <= 0;
     }
-    for (;;) { /* the matched length: a binary search over lengths, each length a search of the whole array */
+    for (;;) {
         int64_t nq = 0;
         for (int64_t i = 0; i < n; i++) {
             Walker *w = &ws[i];
@@ -248,6 +187,14 @@ static void walk_lockstep(Walker *ws, int64_t n, int64_t min_ctx, int64_t max_ct
         for (int64_t j = 0; j < w->yes; j++) w->pat[j] = w->ctx[w->n_ctx - w->yes + j];
         w->m = w->yes;
     }
+}
+
+/* The walks of ws[0..n) (see suffix_walk), together. */
+static void walk_lockstep(Walker *ws, int64_t n, int64_t min_ctx, int64_t max_ctx, int64_t depth, int64_t max_tokens,
+                          float min_path_prob, int64_t num_samples) {
+    Search qs[WALK_LANES];
+    Walker *of[WALK_LANES];
+    match_lockstep(ws, n, min_ctx, max_ctx);
     for (;;) { /* one emitted token of every walk still going */
         for (int64_t i = 0; i < n; i++) { /* the continuations' sa entries asked for, then their texts */
             Walker *w = &ws[i];
@@ -306,6 +253,27 @@ static void walk_lockstep(Walker *ws, int64_t n, int64_t min_ctx, int64_t max_ct
             w->lo = qs[j].first; w->hi = qs[j].lo; w->m++;
         }
     }
+}
+
+/* [lo, hi) of sa whose suffixes start with p[0..m), searched within [lo0, hi0): one search of `runs_of`. */
+static void run_of(const int32_t *text, int64_t n_text, const int32_t *sa, int64_t lo0, int64_t hi0,
+                   const int32_t *p, int64_t m, int64_t *lo_out, int64_t *hi_out) {
+    Search q = {text, sa, p, n_text, m, lo0, hi0, 0, 0, 0, 0};
+    runs_of(&q, 1);
+    *lo_out = q.first;
+    *hi_out = q.lo;
+}
+
+/* One walk's matched context (`match_lockstep`): copied to pat, its run to [*lo, *hi); its length (0: none). */
+static int64_t index_match(const int32_t *text, int64_t n_text, const int32_t *sa, int64_t n_sa, const int32_t *ctx,
+                           int64_t n_ctx, int64_t min_ctx, int64_t max_ctx, int32_t *pat, int64_t *lo, int64_t *hi) {
+    Walker w = {.text = text, .sa = sa, .ctx = ctx, .n_text = n_text, .n_sa = n_sa, .n_ctx = n_ctx};
+    match_lockstep(&w, 1, min_ctx, max_ctx);
+    if (w.done) return 0;
+    for (int64_t i = 0; i < w.m; i++) pat[i] = w.pat[i];
+    *lo = w.lo;
+    *hi = w.hi;
+    return w.m;
 }
 
 /* The earlier occurrences in seq[0..n) of its last `len` tokens (len from max_ctx down to min_ctx, the longest
