@@ -1,5 +1,6 @@
 """`SocketChannel`: messages arrive whole and in order, large ones crossing both ways at once do not deadlock
-(sends never wait for the peer), and a closed or silent peer is an error at once or after the timeout."""
+(sends never wait for the peer), a receive says when it is about to wait (`on_block`) and only then, and a
+closed or silent peer is an error at once or after the timeout."""
 
 from __future__ import annotations
 
@@ -49,3 +50,20 @@ def test_a_closed_peer_is_an_error_at_once_and_a_silent_one_after_the_timeout() 
             a.send({"x": torch.zeros(1 << 16)})
             time.sleep(0.01)
     a.close()
+
+
+def test_on_block_runs_only_when_the_message_is_not_in_yet() -> None:
+    a, b = channel_pair(timeout_s=30, transport="socket")
+    calls: list[float] = []
+    b.send({"seq": 0})
+    deadline = time.monotonic() + 10
+    while not a._readable(0.01) and time.monotonic() < deadline:  # the message is in a's kernel buffer
+        pass
+    assert a.recv(on_block=lambda: calls.append(time.monotonic())) == {"seq": 0}
+    assert calls == []  # in already: no wait, so nothing to free before it
+    threading.Timer(0.3, b.send, args=({"seq": 1},)).start()
+    t0 = time.monotonic()
+    assert a.recv(on_block=lambda: calls.append(time.monotonic())) == {"seq": 1}
+    assert len(calls) == 1 and calls[0] - t0 < 0.2  # once, before the wait, not after it
+    a.close()
+    b.close()
