@@ -158,15 +158,31 @@ class HybridDrafter:
         before = {s: v.num_proposals for s, v in self.suffix.stats.items()}
         cheap: list[Proposal | None] = self.suffix.choose_batch(requests, max_num_tokens)
         use_model, keys = self._choose_model(cheap, requests)
-        tokens: list[list[int]] = [p.walk.tokens if p else [] for p in cheap]
-        sources = [p.source if p else "" for p in cheap]
-        confidences: list[list[float]] = [p.conditional if p else [] for p in cheap]
+        tokens: list[list[int]] = []
+        sources: list[str] = []
+        confidences: list[list[float]] = []
+        drawn: list[int] = []  # cheap drafts drawn from their source's q (T > 0): they carry it
+        last, stats = self.suffix.last, self.suffix.stats
+        for i, (r, p, m) in enumerate(zip(requests, cheap, use_model)):  # the cheap drafts kept (DSpark's: below)
+            if p is None or m:
+                last.pop(r.request_id, None)
+                tokens.append([])
+                sources.append("")
+                confidences.append([])
+                continue
+            stats[p.source].num_chosen += 1
+            last[r.request_id] = p  # until its verdict or release
+            tokens.append(p.walk.tokens)
+            sources.append(p.source)
+            confidences.append(p.conditional)
+            if p.walk.q is not None:
+                drawn.append(i)
         probs: list[torch.Tensor] | None = None
         model_ms = 0.0
-        for r in requests:  # per request: the latest round's choice, until its verdict or release
-            self.suffix.last.pop(r.request_id, None)
-            self._chosen_model.pop(r.request_id, None)
-            self._chosen_free.pop(r.request_id, None)
+        if self._chosen_model:  # per request: the latest round's choice, until its verdict or release
+            for r in requests:
+                self._chosen_model.pop(r.request_id, None)
+                self._chosen_free.pop(r.request_id, None)
         picked = [i for i, m in enumerate(use_model) if m]
         if picked:
             t0 = time.perf_counter()
@@ -185,16 +201,10 @@ class HybridDrafter:
                 probs = self._point_masses(tokens)
                 for j, i in enumerate(picked):
                     probs[i] = out.probs[j]
-        drawn = [i for i, (p, m) in enumerate(zip(cheap, use_model)) if p is not None and not m
-                 and p.walk.q is not None]
-        if drawn:  # cheap drafts drawn from their source's q (T > 0) carry it
+        if drawn:
             probs = probs if probs is not None else self._point_masses(tokens)
             for i in drawn:
                 probs[i] = self.suffix.q_rows(cheap[i])
-        for i, (p, m) in enumerate(zip(cheap, use_model)):
-            if p is not None and not m:
-                self.suffix.stats[p.source].num_chosen += 1
-                self.suffix.last[requests[i].request_id] = p
         self.model_stats.num_proposals += len(picked)
         self.model_stats.num_chosen += len(picked)
         proposals = {s: v.num_proposals - before[s] for s, v in self.suffix.stats.items()}
@@ -211,13 +221,14 @@ class HybridDrafter:
     def _choose_model(self, cheap: list[Proposal | None],
                       requests: list[DraftRequest]) -> tuple[list[bool], list[tuple[str, int]]]:
         """Per request, whether DSpark drafts it: the set that maximises the batch's expected tokens per unit
-        time (see the module docstring), and the (regime, E_c band) its verdict is kept under. Depends on the
+        time (see the module docstring), and the (regime, E_c band) its verdict is kept under (no keys where no
+        request can be chosen: no DSpark, or every request's features forgone). Depends on the
         requests' contexts (through the deterministic cheap drafts) and on past rounds only."""
         chosen = [False] * len(requests)
+        if self.feature_drafter is None or all(r.request_id in self._forgone for r in requests):
+            return chosen, []  # none can be chosen (no keys to keep)
         expected = [p.expected_tokens if p is not None else 0.0 for p in cheap]
         keys = [(regime_of(r.temperature), bisect.bisect_right(_BANDS, e)) for r, e in zip(requests, expected)]
-        if self.feature_drafter is None or not requests:
-            return chosen, keys
         free = [1.0 + e for e in expected]
         gain = [1.0 + self._model_acc[k] / self._model_rounds[k] - f if r.request_id not in self._forgone else 0.0
                 for f, k, r in zip(free, keys, requests)]

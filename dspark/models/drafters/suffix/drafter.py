@@ -57,7 +57,7 @@ _SOURCE_NAMES = ("request", "corpus", "served")  # the native batch's source ord
 DEFAULT_SUFFIX_DIR = Path(__file__).resolve().parents[4] / "checkpoints" / "suffix-smollm2"
 
 
-@dataclass
+@dataclass(slots=True)  # slots: one per request a round
 class Proposal:
     """What one source proposed for one request at one step (kept for calibration and metrics)."""
 
@@ -190,16 +190,20 @@ class SuffixDrafter:
         sources' walks for the whole batch run in one native call; in explore mode (calibration runs) the
         sources alternate deterministically instead."""
         self._num_rounds += 1
-        texts, served = [], []
+        n = len(requests)
+        texts = []
+        by_id = self._texts
         for req in requests:
-            text = self._texts.get(req.request_id)
+            text = by_id.get(req.request_id)
             if text is None:
-                text = self._texts[req.request_id] = RequestText()
+                text = by_id[req.request_id] = RequestText()
             text.sync(req.token_ids)
             texts.append(text)
-            tenant = "" if self.config.share_served else req.tenant
-            self._tenants[req.request_id] = tenant
-            served.append(self.served.index_for(tenant) if self.served is not None else None)
+        served: list[SuffixIndex | None] = [None] * n
+        if self.served is not None:  # each request's tenant's store (whose text it joins on release)
+            for r, req in enumerate(requests):
+                tenant = self._tenants[req.request_id] = "" if self.config.share_served else req.tenant
+                served[r] = self.served.index_for(tenant)
         regimes = {r.temperature > 0 for r in requests}
         # at T > 0 the choice weighs each source by the survival of the draft it will draw: the deterministic
         # walk's steps (q's mode, its support, ...) read in the regime of drafts drawn from q
@@ -207,31 +211,33 @@ class SuffixDrafter:
         tables = {t: tuple(self._cells(s, regime_of(float(t), drawn)) for s in _SOURCE_NAMES) for t in regimes}
         use = ("request" in self.config.sources, "corpus" in self.config.sources, self.served is not None)
         out = propose_batch(texts, self.index, served, self.config.walk, max_num_tokens,
-                            [tables[r.temperature > 0] for r in requests], use, self._batch, self._work)
+                            [tables[r.temperature > 0] for r in requests] if len(tables) > 1 else
+                            [next(iter(tables.values()))] * n, use, self._batch, self._work)
         self._batch = out
-        chosen: list[Proposal | None] = []
-        has = out.k[:len(requests)] > 0  # (R, sources)
-        for s, source in enumerate(_SOURCE_NAMES):
+        has = out.k[:n] > 0  # (R, sources)
+        for source, num in zip(_SOURCE_NAMES, has.sum(axis=0).tolist()):
             if source in self.stats:
-                self.stats[source].num_proposals += int(has[:, s].sum())
-        to_draw: list[tuple[int, int]] = []  # (request, source) of the T > 0 requests: drawn from q below
-        walked: list[tuple[int, int]] = []  # (request, source) of the deterministic drafts
-        for r, (req, c) in enumerate(zip(requests, out.chosen[:len(requests)].tolist())):
-            if self.explore:
+                self.stats[source].num_proposals += num
+        choice = out.chosen[:n].tolist()
+        if self.explore:
+            for r, req in enumerate(requests):
                 candidates = [s for s in range(len(_SOURCE_NAMES)) if has[r, s]]
                 if len(candidates) > 1:
-                    c = candidates[(self._num_rounds + zlib.crc32(req.request_id.encode())) % len(candidates)]
-            chosen.append(None)
-            if c < 0:
-                continue
-            if drawn and req.temperature > 0:
-                to_draw.append((r, c))
-            else:
-                walked.append((r, c))
-        rows, sources = [r for r, _ in walked], [c for _, c in walked]
-        for r, c, walk in zip(rows, sources, out.walks(rows, sources)):
-            t = requests[r].temperature
-            chosen[r] = Proposal(_SOURCE_NAMES[c], walk, walk.conf, t, regime_of(t))
+                    choice[r] = candidates[(self._num_rounds + zlib.crc32(req.request_id.encode())) % len(candidates)]
+        chosen: list[Proposal | None] = [None] * n
+        to_draw: list[tuple[int, int]] = []  # (request, source) of the T > 0 requests: drawn from q below
+        if drawn and True in regimes:
+            to_draw = [(r, c) for r, c in enumerate(choice) if c >= 0 and requests[r].temperature > 0]
+        drawing = {r for r, _ in to_draw}
+        rows = [r for r, c in enumerate(choice) if c >= 0 and r not in drawing]  # the deterministic drafts
+        sources = [choice[r] for r in rows]
+        if regimes == {False}:  # greedy only (the common case): no temperature to read a request
+            for r, c, walk in zip(rows, sources, out.walks(rows, sources)):
+                chosen[r] = Proposal(_SOURCE_NAMES[c], walk, walk.conf, 0.0, "greedy")
+        else:
+            for r, c, walk in zip(rows, sources, out.walks(rows, sources)):
+                t = requests[r].temperature
+                chosen[r] = Proposal(_SOURCE_NAMES[c], walk, walk.conf, t, regime_of(t))
         if to_draw:
             self._draw(requests, chosen, texts, served, max_num_tokens, to_draw)
         if self.explore:

@@ -34,6 +34,7 @@ from dspark.models.drafters.base import SparseQ
 log = logging.getLogger(__name__)
 
 SEPARATOR = -1
+_NO_INDEX = (0, 0, 0, 0)
 DEFAULT_DEPTH = 32  # tokens a suffix is sorted by: context (≤ 8) + walk (≤ 16) stays within it
 
 
@@ -55,7 +56,7 @@ class WalkParams:
     max_q: int = 16  # sampled walks (T > 0): q keeps a context's this many most frequent continuations
 
 
-@dataclass
+@dataclass(slots=True)  # slots: a round makes one per request, and their fields are read on every round
 class Walk:
     """One proposal: k tokens and, per token, its conditional frequency, support and context length, and
     its survival c_k read from the calibration table the walk was given (the raw frequency without one).
@@ -133,6 +134,8 @@ class SuffixIndex:
         self.depth = depth
         self._lib = suffix_native.required()
         self._text_ptr, self._sa_ptr = self.text.ctypes.data, self.sa.ctypes.data
+        # (text, its length, sa, its length) as a native batch call reads them (an empty index: none)
+        self.address = (self._text_ptr, len(self.text), self._sa_ptr, len(self.sa)) if len(self.sa) else _NO_INDEX
 
     @classmethod
     def build(cls, docs: Iterable[np.ndarray], depth: int = DEFAULT_DEPTH) -> SuffixIndex:
@@ -279,7 +282,10 @@ def propose_batch(texts: list[RequestText], index: SuffixIndex | None, served: l
     if out is None or out.num_requests < n or out.max_tokens != max_tokens:
         out = BatchWalks(max(n, 2 * (out.num_requests if out else 0), 8), max_tokens)
     _point_at(out, texts, served)
-    out.tables[:3 * n] = [c for cells in tables for c in cells]
+    if n and all(t is tables[0] for t in tables):  # one regime in the batch (the common case): one broadcast
+        out.tables[:3 * n].reshape(n, 3)[:] = tables[0]
+    else:
+        out.tables[:3 * n] = [c for cells in tables for c in cells]
     lib = suffix_native.required()
     has_index = index is not None and len(index.sa) > 0
     lib.propose_batch(n, out.seq_ptrs.ctypes.data, out.seq_lens.ctypes.data,
@@ -298,8 +304,10 @@ def _point_at(out: BatchWalks | SampledWalks, texts: list[RequestText], served: 
     n = len(texts)
     out.seq_ptrs[:n] = [t.ptr for t in texts]  # one conversion a field, not one numpy store a request
     out.seq_lens[:n] = [t.length for t in texts]
-    out.served[:4 * n] = [x for s in served for x in (
-        (s._text_ptr, len(s.text), s._sa_ptr, len(s.sa)) if s is not None and len(s.sa) else (0, 0, 0, 0))]
+    if not any(served):  # no tenant has served text yet (or the source is off): one store
+        out.served[:4 * n] = 0
+    else:
+        out.served[:4 * n] = [x for s in served for x in (s.address if s is not None else _NO_INDEX)]
 
 
 class SampledWalks:
