@@ -52,6 +52,9 @@ REGIMES = ("greedy", "sampled", "empirical")
 PRIOR_REGIME = {"empirical": "sampled"}
 _NUM_F, _NUM_N, _NUM_M, _NUM_K = 10, 7, 6, 4
 _KEYS: dict[tuple[int, int, int, int], list[str]] = {}  # SourceTable._keys of each cell met so far (at most 1,680)
+# every cell's keys in `SourceTable.freeze`'s order: (f, [(f,n, [(f,n,m, [f,n,m,k ...])])])
+_FREEZE_KEYS = [(f"{f}", [(f"{f},{n}", [(f"{f},{n},{m}", [f"{f},{n},{m},{k}" for k in range(_NUM_K)])
+                                        for m in range(_NUM_M)]) for n in range(_NUM_N)]) for f in range(_NUM_F)]
 MAX_BIAS = 3.0  # |b| in log-odds: a shift past it would mean the tables describe nothing of this traffic
 
 
@@ -66,7 +69,8 @@ def feature_bins(freq: float, count: int, match: int, position: int) -> tuple[in
     """(f, n, m, k) bins: f in tenths; n = 1, 2, 3-4, 5-8, 9-16, 17-32, 33+; m = ≤1, 2, 3, 4-5, 6-8, 9+;
     k (1-based) = 1, 2, 3, 4+."""
     f = min(_NUM_F - 1, max(0, int(freq * _NUM_F)))
-    n = min(_NUM_N - 1, max(0, math.ceil(math.log2(max(1, count)))))
+    # ⌈log2 count⌉ exactly: the smallest e with 2^e ≥ ⌈count⌉ (a live drafter bins every verified position)
+    n = min(_NUM_N - 1, (math.ceil(count) - 1).bit_length()) if count > 1 else 0
     m = 0 if match <= 1 else 1 if match == 2 else 2 if match == 3 else 3 if match <= 5 else 4 if match <= 8 else 5
     k = min(_NUM_K - 1, max(0, position - 1))
     return f, n, m, k
@@ -90,8 +94,11 @@ class SourceTable:
         return keys
 
     def add(self, bins: tuple[int, int, int, int], success: bool) -> None:
+        counts = self.counts
         for key in self._keys(bins):
-            c = self.counts.setdefault(key, [0.0, 0.0])
+            c = counts.get(key)
+            if c is None:
+                c = counts[key] = [0.0, 0.0]
             c[0] += float(success)
             c[1] += 1.0
         self._dirty = True
@@ -114,13 +121,13 @@ class SourceTable:
         shrunk = self._shrunk
         table: list[float] = []
         root = shrunk("", 0.5)
-        for f in range(_NUM_F):
-            e_f = shrunk(f"{f}", root)
-            for n in range(_NUM_N):
-                e_n = shrunk(f"{f},{n}", e_f)
-                for m in range(_NUM_M):
-                    e_m = shrunk(f"{f},{n},{m}", e_n)
-                    table += [shrunk(f"{f},{n},{m},{k}", e_m) for k in range(_NUM_K)]
+        for f_key, by_n in _FREEZE_KEYS:  # the keys' strings built once per process, not per freeze
+            e_f = shrunk(f_key, root)
+            for n_key, by_m in by_n:
+                e_n = shrunk(n_key, e_f)
+                for m_key, k_keys in by_m:
+                    e_m = shrunk(m_key, e_n)
+                    table += [shrunk(k_key, e_m) for k_key in k_keys]
         self._table = table
         self._dirty = False
 

@@ -54,12 +54,12 @@ for d in drafters.values():
 sweep = np.ones(2**26, dtype=np.float32)
 
 
-def one(drafter, reqs: list[DraftRequest]):  # noqa: ANN001, ANN202
+def one(drafter, reqs: list[DraftRequest], verdict: tuple[int, int] = (0, 0)):  # noqa: ANN001, ANN202
     t0 = time.perf_counter()
     out = drafter.propose(reqs, 7)
-    ms = (time.perf_counter() - t0) * 1e3
-    drafter.feedback([r.request_id for r in reqs], [0] * len(reqs), [0] * len(reqs))
-    return ms, out
+    t1 = time.perf_counter()
+    drafter.feedback([r.request_id for r in reqs], [verdict[0]] * len(reqs), [verdict[1]] * len(reqs))
+    return (t1 - t0) * 1e3, out, (time.perf_counter() - t1) * 1e3
 
 
 def same(a, b) -> bool:  # noqa: ANN001
@@ -77,6 +77,7 @@ for temperature in (0.0, 1.0):
     batches = [[DraftRequest(rid, toks, temperature, tenant) for rid, toks, tenant in rnd] for rnd in ROUNDS]
     hot: dict[str, list[float]] = {n: [] for n in drafters}
     cold: dict[str, list[float]] = {n: [] for n in drafters}
+    feedback: dict[str, list[float]] = {n: [] for n in drafters}
     for reqs in batches:  # warm-up: texts synced, tables read
         for d in drafters.values():
             one(d, reqs)
@@ -85,13 +86,16 @@ for temperature in (0.0, 1.0):
             outs = {}
             for name in (["base", "head"] if (k + p) % 2 == 0 else ["head", "base"]):
                 sweep.sum()
-                ms, outs[name] = one(drafters[name], reqs)
+                ms, outs[name], _ = one(drafters[name], reqs)
                 cold[name].append(ms)
-                hot[name].append(one(drafters[name], reqs)[0])
+                ms, _, fb_ms = one(drafters[name], reqs, (3, 1))  # every request verified 3, accepted 1
+                hot[name].append(ms)
+                feedback[name].append(fb_ms)
             identical &= same(outs["base"], outs["head"])
     med = {n: (statistics.median(hot[n]), statistics.median(cold[n])) for n in drafters}
     result[f"t{temperature:g}"] = {**{f"{n}_hot_ms": round(v[0], 3) for n, v in med.items()},
                                    **{f"{n}_cold_ms": round(v[1], 3) for n, v in med.items()},
+                                   **{f"{n}_feedback_ms": round(statistics.median(feedback[n]), 3) for n in drafters},
                                    "hot_head_over_base": round(med["head"][0] / med["base"][0], 3),
                                    "cold_head_over_base": round(med["head"][1] / med["base"][1], 3)}
 result["outputs_identical"] = identical
