@@ -115,6 +115,28 @@ def test_a_batchs_walks_go_in_lockstep_and_each_is_its_own_walk():
     assert sum(bool(out.walk(r, 1).tokens) for r in range(len(contexts))) > 20  # most of them walked somewhere
 
 
+def test_a_drafter_asked_for_fewer_tokens_round_after_round_keeps_its_buffers_bounded():
+    # rounds near a request's token limit ask for fewer tokens (7, 6, 5, ...): each change of max_tokens reallocates
+    # the batch's buffers, which must keep their capacity, not double it (it did: 24 GiB after 30 changes)
+    index = SuffixIndex.build(random_docs(3))
+    drafter = SuffixDrafter(index, config=SuffixConfig(sources=("request", "corpus")))
+    rng = np.random.default_rng(5)
+    reqs = [DraftRequest(f"r{i}", rng.integers(0, 14, size=12).tolist(), 0.0) for i in range(3)]
+    for k in [7, 6, 5, 4, 3, 2, 1] * 6:
+        drafter.choose_batch(reqs, k)
+        assert drafter._batch.max_tokens == k and drafter._batch.num_requests == 8
+    wide = reqs * 4  # 12 requests: grown once, to what they need
+    drafter.choose_batch(wide, 7)
+    assert drafter._batch.num_requests == 16
+    for k in (3, 7, 2, 7):
+        drafter.choose_batch(wide, k)
+        assert drafter._batch.num_requests == 16
+    sampled = [DraftRequest(r.request_id, r.token_ids, 1.0) for r in reqs]
+    for k in [7, 5, 3, 1] * 6:  # the sampled walks' buffers alike
+        drafter.choose_batch(sampled, k)
+        assert drafter._sampled is not None and drafter._sampled.num_requests == 8
+
+
 def test_large_runs_are_sampled_but_the_winner_is_counted_exactly():
     docs = [np.array([1, 2, 3], dtype=np.int32)] * 600 + [np.array([1, 2, 4], dtype=np.int32)] * 400
     index = SuffixIndex.build(docs)

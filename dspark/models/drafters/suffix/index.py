@@ -280,7 +280,7 @@ def propose_batch(texts: list[RequestText], index: SuffixIndex | None, served: l
     (request, corpus, served) calibration cells of request r's regime (0: none); `use`: which sources run."""
     n = len(texts)
     if out is None or out.num_requests < n or out.max_tokens != max_tokens:
-        out = BatchWalks(max(n, 2 * (out.num_requests if out else 0), 8), max_tokens)
+        out = BatchWalks(_capacity(out, n), max_tokens)
     _point_at(out, texts, served)
     if n and all(t is tables[0] for t in tables):  # one regime in the batch (the common case): one broadcast
         out.tables[:3 * n].reshape(n, 3)[:] = tables[0]
@@ -296,6 +296,14 @@ def propose_batch(texts: list[RequestText], index: SuffixIndex | None, served: l
                       params.min_path_prob, params.num_samples, params.max_occurrences, work.ctypes.data,
                       int(use[0]), int(use[1]), int(use[2]), out.tables.ctypes.data, *out.ptrs)
     return out
+
+
+def _capacity(out: BatchWalks | SampledWalks | None, n: int) -> int:
+    """Requests the reallocated buffers hold: doubled only when `n` outgrew them; a new max_tokens (a round drafting
+    fewer tokens) keeps the capacity (doubling on every change of it grew the buffers without bound)."""
+    if out is None:
+        return max(n, 8)
+    return out.num_requests if out.num_requests >= n else max(n, 2 * out.num_requests)
 
 
 def _point_at(out: BatchWalks | SampledWalks, texts: list[RequestText], served: list[SuffixIndex | None]) -> None:
@@ -351,7 +359,7 @@ def sample_batch(texts: list[RequestText], index: SuffixIndex | None, served: li
     n = len(texts)
     max_q = max(1, min(64, params.max_q))
     if out is None or out.num_requests < n or out.max_tokens != max_tokens or out.max_q != max_q:
-        out = SampledWalks(max(n, 2 * (out.num_requests if out else 0), 8), max_tokens, max_q)
+        out = SampledWalks(_capacity(out, n), max_tokens, max_q)
     _point_at(out, texts, served)
     out.sources[:n] = sources
     out.tables[:n] = tables
