@@ -211,8 +211,7 @@ class SuffixDrafter:
         tables = {t: tuple(self._cells(s, regime_of(float(t), drawn)) for s in _SOURCE_NAMES) for t in regimes}
         use = ("request" in self.config.sources, "corpus" in self.config.sources, self.served is not None)
         out = propose_batch(texts, self.index, served, self.config.walk, max_num_tokens,
-                            [tables[r.temperature > 0] for r in requests] if len(tables) > 1 else
-                            [next(iter(tables.values()))] * n, use, self._batch, self._work)
+                            [tables[r.temperature > 0] for r in requests], use, self._batch, self._work)
         self._batch = out
         has = out.k[:n] > 0  # (R, sources)
         for source, num in zip(_SOURCE_NAMES, has.sum(axis=0).tolist()):
@@ -231,13 +230,9 @@ class SuffixDrafter:
         drawing = {r for r, _ in to_draw}
         rows = [r for r, c in enumerate(choice) if c >= 0 and r not in drawing]  # the deterministic drafts
         sources = [choice[r] for r in rows]
-        if regimes == {False}:  # greedy only (the common case): no temperature to read a request
-            for r, c, walk in zip(rows, sources, out.walks(rows, sources)):
-                chosen[r] = Proposal(_SOURCE_NAMES[c], walk, walk.conf, 0.0, "greedy")
-        else:
-            for r, c, walk in zip(rows, sources, out.walks(rows, sources)):
-                t = requests[r].temperature
-                chosen[r] = Proposal(_SOURCE_NAMES[c], walk, walk.conf, t, regime_of(t))
+        for r, c, walk in zip(rows, sources, out.walks(rows, sources)):
+            t = requests[r].temperature
+            chosen[r] = Proposal(_SOURCE_NAMES[c], walk, walk.conf, t, regime_of(t))
         if to_draw:
             self._draw(requests, chosen, texts, served, max_num_tokens, to_draw)
         if self.explore:

@@ -282,7 +282,7 @@ def propose_batch(texts: list[RequestText], index: SuffixIndex | None, served: l
     if out is None or out.num_requests < n or out.max_tokens != max_tokens:
         out = BatchWalks(_capacity(out, n), max_tokens)
     _point_at(out, texts, served)
-    if n and all(t is tables[0] for t in tables):  # one regime in the batch (the common case): one broadcast
+    if n and all(t is tables[0] for t in tables):  # one regime's cells for the whole batch (the common case)
         out.tables[:3 * n].reshape(n, 3)[:] = tables[0]
     else:
         out.tables[:3 * n] = [c for cells in tables for c in cells]
