@@ -85,6 +85,28 @@ def verify(inp: VerifyInput) -> VerifyOutput:
     return VerifyOutput(num_accepted=num_accepted_list, next_token=next_token_list)
 
 
+def verify_greedy(target_logits: torch.Tensor, draft_tokens: list[list[int]], num_draft: list[int]) -> VerifyOutput:
+    """`verify` for a batch of greedy requests, on host lists: the rows' argmax in one native pass (one host
+    sync), then each request's accepted prefix and next token in a loop over its rows. The same result as
+    `verify` (the same argmax, the first of equal maxima), without its ~15 small tensor ops: in the engine, right
+    after a forward, they took 0.47-0.55 ms a step on a 2-core Zen 4 EPYC (~5 % of a batch-1 step) for a result
+    the loop gets in microseconds. Rows: request r's num_draft[r] drafts, then its bonus row, as in `verify`."""
+    argmax = native.argmax_rows(target_logits).tolist()
+    if len(argmax) != sum(num_draft) + len(num_draft):
+        raise ValueError(f"{len(argmax)} logit rows for {len(num_draft)} requests verifying {sum(num_draft)} drafts")
+    num_accepted: list[int] = []
+    next_token: list[int] = []
+    row = 0
+    for drafts, n in zip(draft_tokens, num_draft):
+        k = 0
+        while k < n and drafts[k] == argmax[row + k]:
+            k += 1
+        num_accepted.append(k)
+        next_token.append(argmax[row + k])
+        row += n + 1
+    return VerifyOutput(num_accepted=num_accepted, next_token=next_token)
+
+
 def _verify_all_greedy(
     inp: VerifyInput, layout: _Layout, num_requests: int
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dspark.spec.sampling import logits_to_probs
-from dspark.spec.verification import VerifyInput, VerifyOutput, verify
+from dspark.spec.verification import VerifyInput, VerifyOutput, verify, verify_greedy
 
 VOCAB_SIZE = 5
 
@@ -106,6 +106,34 @@ def test_greedy_fast_path_agrees_with_general_path_on_random_batches(
         )
         fast, general = _both_paths(inp)
         assert fast == general
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_on_host_lists_matches_verify_with_ties_and_partial_matches(dtype: torch.dtype) -> None:
+    """`verify_greedy` (the engine's CPU path for all-greedy batches) gives `verify`'s result: bf16 logits rounded
+    to few values make equal maxima common (the first one wins in both), drafts copy the argmax 70 % of the time."""
+    gen = torch.Generator().manual_seed(1)
+    num_accepted = 0
+    for _ in range(30):
+        num_draft = torch.randint(0, 6, (7,), generator=gen).tolist()
+        num_rows = sum(num_draft) + len(num_draft)
+        logits = torch.randint(0, 4, (num_rows, VOCAB_SIZE), generator=gen).to(dtype)  # many ties
+        is_copy = torch.rand(num_rows, generator=gen) < 0.7
+        drafts = torch.where(is_copy, logits.float().argmax(-1), torch.randint(0, VOCAB_SIZE, (num_rows,),
+                                                                                 generator=gen))
+        per_request, row = [], 0
+        for n in num_draft:
+            per_request.append(drafts[row:row + n].tolist())
+            row += n + 1
+        expected = verify(VerifyInput(logits, drafts, None, num_draft, [0.0] * 7, [1.0] * 7, [None] * 7))
+        assert verify_greedy(logits, per_request, num_draft) == expected
+        num_accepted += sum(expected.num_accepted)
+    assert num_accepted > 0  # drafts were accepted: the loop's matching path ran, not only its first rows
+
+
+def test_greedy_on_host_lists_rejects_rows_that_do_not_fit_the_drafts() -> None:
+    with pytest.raises(ValueError, match="logit rows"):
+        verify_greedy(torch.zeros(3, VOCAB_SIZE), [[1, 2]], [2, 0])
 
 
 def _sampled_batch(seeds: list[int]) -> VerifyInput:

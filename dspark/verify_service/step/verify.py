@@ -14,7 +14,7 @@ from dspark.models.target.layer import ForwardOutput, SeqChunk
 from dspark.models.target.runner import TargetRunner
 from dspark.spec.logprobs import token_logprobs
 from dspark.spec.nucleus import sample_nucleus
-from dspark.spec.verification import verify
+from dspark.spec.verification import verify, verify_greedy
 from dspark.verify_service.request import Request
 from dspark.verify_service.step.batch import build_verify_input
 
@@ -63,7 +63,11 @@ def accept(active: list[Request], draft: DraftOutput, lengths: list[int],
     """
     plain = [i for i, n in enumerate(lengths) if n == 0]
     # all greedy: the verifier's argmax is what `sample_plain` gives a greedy request, one pass over all rows
-    if logits.device.type != "cpu" or not plain or all(r.params.temperature == 0.0 for r in active):
+    greedy = all(r.params.temperature == 0.0 for r in active)
+    if greedy and logits.device.type == "cpu":  # on host lists (`verify_greedy`): no small tensor ops
+        result = verify_greedy(logits, draft.tokens, lengths)
+        return result.num_accepted, result.next_token
+    if logits.device.type != "cpu" or not plain or greedy:
         result = verify(build_verify_input(logits, active, draft.tokens, draft.probs, lengths))
         return result.num_accepted, result.next_token
     if len(plain) == len(active):  # a plain target step: nothing to verify, one sample per request
