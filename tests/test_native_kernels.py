@@ -48,12 +48,12 @@ def test_amx_gemm_gives_each_bf16_row_what_it_gets_alone_and_what_f_linear_gives
 
 @pytest.mark.skipif(not native.supports_dpbf16(torch.zeros(32, 32, dtype=torch.bfloat16)),
                     reason="this CPU (or build) has no AVX512-BF16")
-@pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 13, 32, 70, 100])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 13, 32, 70, 100])
 def test_avx512_bf16_gemm_gives_each_row_what_it_gets_alone_and_what_fp32_gives_rounded_to_bf16(rows: int) -> None:
     """The AVX512-BF16 kernel (the bf16 GEMM of CPUs without AMX) on a verify step's row counts: each row bit for
-    bit what it gets alone (tiles of 6 rows, partial ones included; from 7 to 96 rows K in blocks with the sums
-    parked between them, the last block partial here; past 96 whole-K passes again), whatever rows share its step,
-    and each output within bf16 rounding of the product in fp32 of the same bf16 inputs."""
+    bit what it gets alone (tiles of 6 rows, partial ones included; 1-2 rows one whole-K pass, from 3 to 96 rows K in
+    blocks with the sums parked between them, the last block partial here; past 96 whole-K passes again), whatever
+    rows share its step, and each output within bf16 rounding of the product in fp32 of the same bf16 inputs."""
     gen = torch.Generator().manual_seed(rows)
     w = torch.randn(96, 160, generator=gen).to(torch.bfloat16)
     x = torch.randn(rows, 160, generator=gen).to(torch.bfloat16)
@@ -70,7 +70,7 @@ def test_avx512_bf16_gemm_gives_each_row_what_it_gets_alone_and_what_fp32_gives_
 
 @pytest.mark.skipif(not native.supports_dpbf16(torch.zeros(32, 32, dtype=torch.bfloat16)),
                     reason="this CPU (or build) has no AVX512-BF16")
-@pytest.mark.parametrize("rows", [1, 8, 12])
+@pytest.mark.parametrize("rows", [1, 4, 8, 12])
 def test_avx512_bf16_gemm_writes_every_column_pair_whatever_the_thread_count(rows: int) -> None:
     """The column pairs are split into one range per thread, taken from the front by its owner and from the back by
     threads done with their own: with more threads than pairs, an odd count, or one, every output is written

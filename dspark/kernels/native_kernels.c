@@ -385,7 +385,7 @@ static inline __attribute__((always_inline)) void dp_rows(const uint16_t *x, int
   }
 }
 
-/* Rows past one tile take the column pair's weights a k block at a time (DP_KP pairs, 128 * DP_KP bytes of both
+/* From DP_MIN_BLOCKED rows (below) the GEMM takes the column pair's weights a k block at a time (DP_KP pairs, 128 * DP_KP bytes of both
  * blocks) through every row tile before the next block, the tiles' sums parked in `acc` between blocks, and the
  * weights ahead are prefetched into L2 (PREFETCHT1; which and when: dp_rows) while the tiles compute: the weights
  * stream during the compute of every tile. Whole-K passes instead streamed a column pair from DRAM in the first
@@ -394,6 +394,13 @@ static inline __attribute__((always_inline)) void dp_rows(const uint16_t *x, int
  * the prefetch were 1.03-1.13x (slower), prefetching into L1 (T0) 1.08-1.14x, a block of 32 or 128 pairs or two
  * blocks ahead no better. The macros can be set before the source for such A/B builds. */
 #define DP_MAX_BLOCKED 96 /* rows; beyond, compute-bound: whole-K passes (no scratch) */
+/* From 3 rows the k blocks (and their prefetch) pay within one tile too: a whole-K pass of 3-6 rows streamed a column
+ * pair without a software prefetch and ran below the blocked 8 rows' bandwidth. Zen 4 EPYC, all of SmolLM2's GEMMs in
+ * bf16 (25 turns, bit-identical): 2 / 3 / 4 / 5 / 6 rows 9.4-9.5 / 9.9-10.1 / 10.1-10.3 / 10.4-11.0 / 11.0-11.2 ms as
+ * one pass against 9.7 / 9.6 / 9.3 / 9.2 / 9.0 blocked (8 rows 9.35 either way); 1 row blocked 10.0 against 8.5-8.9. */
+#ifndef DP_MIN_BLOCKED
+#define DP_MIN_BLOCKED 3 /* rows; below, a whole-K pass */
+#endif
 
 /* Each thread owns a contiguous range of column pairs and walks it upwards, one long stream the hardware prefetcher
  * follows and whose next pair is known (the spread prefetch runs through the whole range); a thread done with its
@@ -406,7 +413,7 @@ static inline __attribute__((always_inline)) void dp_rows(const uint16_t *x, int
 
 void gemm_dpbf16(const uint16_t *x, const uint16_t *p, uint16_t *y, int64_t M, int64_t K, int64_t N, int64_t nt) {
   int64_t kbs = K / 32, npairs = N / 32, P = K / 2;
-  int64_t kp = M > DP_R && M <= DP_MAX_BLOCKED ? DP_KP : P;
+  int64_t kp = M >= DP_MIN_BLOCKED && M <= DP_MAX_BLOCKED ? DP_KP : P;
   /* per thread's range: pairs claimed (by its owner or a thief), and taken from its back by thieves */
   atomic_llong claims[DP_MAX_RANGES], stolen[DP_MAX_RANGES];
   for (int i = 0; i < DP_MAX_RANGES; i++) claims[i] = stolen[i] = 0;
