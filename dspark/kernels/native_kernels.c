@@ -385,14 +385,14 @@ static inline __attribute__((always_inline)) void dp_rows(const uint16_t *x, int
   }
 }
 
-/* From DP_MIN_BLOCKED rows (below) the GEMM takes the column pair's weights a k block at a time (DP_KP pairs, 128 * DP_KP bytes of both
- * blocks) through every row tile before the next block, the tiles' sums parked in `acc` between blocks, and the
- * weights ahead are prefetched into L2 (PREFETCHT1; which and when: dp_rows) while the tiles compute: the weights
- * stream during the compute of every tile. Whole-K passes instead streamed a column pair from DRAM in the first
- * tile's pass, the other tiles then computing from cache with nothing streaming. Measured on a Zen 4 EPYC, all of
- * SmolLM2's GEMMs (docs/results/suffix/s50/gemm): 0.88-0.94x at 8-24 rows, 0.97-1.00 at 32-48; the blocks without
- * the prefetch were 1.03-1.13x (slower), prefetching into L1 (T0) 1.08-1.14x, a block of 32 or 128 pairs or two
- * blocks ahead no better. The macros can be set before the source for such A/B builds. */
+/* From DP_MIN_BLOCKED rows (below) the GEMM takes the column pair's weights a k block at a time (DP_KP pairs, 128 *
+ * DP_KP bytes of both blocks) through every row tile before the next block, the tiles' sums parked in `acc` between
+ * blocks, and the weights ahead are prefetched into L2 (PREFETCHT1; which and when: dp_rows) while the tiles compute:
+ * the weights stream during the compute of every tile. Whole-K passes instead streamed a column pair from DRAM in the
+ * first tile's pass, the other tiles then computing from cache with nothing streaming. Measured on a Zen 4 EPYC, all
+ * of SmolLM2's GEMMs (docs/results/suffix/s50/gemm): 0.88-0.94x at 8-24 rows, 0.97-1.00 at 32-48; the blocks without
+ * the prefetch were 1.03-1.13x (slower), prefetching into L1 (T0) 1.08-1.14x, a block of 32 or 128 pairs or two blocks
+ * ahead no better. The macros can be set before the source for such A/B builds. */
 #define DP_MAX_BLOCKED 96 /* rows; beyond, compute-bound: whole-K passes (no scratch) */
 /* From 3 rows the k blocks (and their prefetch) pay within one tile too: a whole-K pass of 3-6 rows streamed a column
  * pair without a software prefetch and ran below the blocked 8 rows' bandwidth. Zen 4 EPYC, all of SmolLM2's GEMMs in

@@ -61,13 +61,13 @@ def accept(active: list[Request], draft: DraftOutput, lengths: list[int],
     On CPU, requests verifying nothing are sampled by `sample_plain` (also inside a step where others
     verify), so what a request draws from its generator never depends on its batch.
     """
-    plain = [i for i, n in enumerate(lengths) if n == 0]
-    # all greedy: the verifier's argmax is what `sample_plain` gives a greedy request, one pass over all rows
-    greedy = all(r.params.temperature == 0.0 for r in active)
-    if greedy and logits.device.type == "cpu":  # on host lists (`verify_greedy`): no small tensor ops
+    # all greedy: the verifier's argmax is what `sample_plain` gives a greedy request, one pass over all rows (on CPU
+    # on host lists, `verify_greedy`: no small tensor ops)
+    if logits.device.type == "cpu" and all(r.params.temperature == 0.0 for r in active):
         result = verify_greedy(logits, draft.tokens, lengths)
         return result.num_accepted, result.next_token
-    if logits.device.type != "cpu" or not plain or greedy:
+    plain = [i for i, n in enumerate(lengths) if n == 0]
+    if logits.device.type != "cpu" or not plain:
         result = verify(build_verify_input(logits, active, draft.tokens, draft.probs, lengths))
         return result.num_accepted, result.next_token
     if len(plain) == len(active):  # a plain target step: nothing to verify, one sample per request
