@@ -3,7 +3,11 @@ median drops a burst of noise), slow ones stop after the minimum; the result is 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from dspark.kernels import native
+from dspark.kernels.machine import cpu_signature, same_cpu
 from dspark.models.target import profiles
 from dspark.models.target.profiles import measure_startup_profile, profile_target
 
@@ -41,3 +45,33 @@ def test_a_profile_measured_here_is_kept_per_kernel_build_and_found_again(tiny_t
     identity = profiles.machine_identity(tiny_target.name, tiny_target.device, tiny_target.dtype)
     monkeypatch.setattr(native, "build_id", lambda: "another-build")
     assert profiles.find_profile(identity) is None
+
+
+def test_a_profile_names_the_cpus_family_and_model_and_is_found_only_on_that_one(tmp_path) -> None:
+    """Two CPUs with one model name and the same flags (a Zen 4 and a Zen 5 EPYC under a hypervisor) have different
+    step curves: a profile recorded with CPUID family and model serves only that microarchitecture, one recorded
+    before they were (name and flags only) serves any CPU of that name when nothing closer is shipped."""
+    here = {"model": "AMD EPYC", "flags": ["avx2", "avx512f", "avx512_bf16"], "cpuid": "26-2"}
+    identity = {"hardware": here, "model": "smollm2", "dtype": "bfloat16", "device": "cpu", "num_threads": 2}
+
+    def write(name: str, hardware: dict) -> Path:
+        path = tmp_path / name
+        meta = {**identity, "hardware": hardware}
+        path.write_text(json.dumps({"tokens_per_step": [1, 8], "step_time_ms": [10.0, 13.0], "meta": meta}))
+        return path
+
+    zen4 = write("a-zen4.json", {**here, "cpuid": "25-17"})
+    assert profiles.find_profile(identity, [tmp_path]) is None
+    older = write("b-older.json", {k: v for k, v in here.items() if k != "cpuid"})
+    assert profiles.find_profile(identity, [tmp_path]) == older
+    zen5 = write("c-zen5.json", here)
+    assert profiles.find_profile(identity, [tmp_path]) == zen5  # the exact one, though another sorts first
+    assert profiles.find_profile({**identity, "hardware": {**here, "cpuid": "25-17"}}, [tmp_path]) == zen4
+    assert profiles.find_profile({**identity, "num_threads": 1}, [tmp_path]) is None
+    assert "f26m2" in profiles.slug(identity) and "f25m17" not in profiles.slug(identity)
+
+
+def test_this_cpus_signature_is_matched_by_itself() -> None:
+    sig = cpu_signature()
+    assert same_cpu(sig, sig) and same_cpu({k: v for k, v in sig.items() if k != "cpuid"}, sig)
+    assert not same_cpu({**sig, "cpuid": "0-0"}, sig) and not same_cpu({**sig, "model": "another"}, sig)

@@ -74,7 +74,8 @@ def chosen_dtype(role: str, target_name: str, device: str, cache_root: Path,
         return recorded["choice"][role]
     if not str(device).startswith("cuda") and not has_bf16_units():
         return "fp32"  # the only candidate: nothing to measure
-    key = "-".join([cpu_signature()["model"], *cpu_signature()["flags"], str(device), Path(target_name).name,
+    cpu = cpu_signature()
+    key = "-".join([cpu["model"], *cpu["flags"], cpu.get("cpuid", ""), str(device), Path(target_name).name,
                     torch.__version__, str(torch.get_num_threads())])
     safe = "".join(c if c.isalnum() or c in "-." else "_" for c in key)
     path = cache_root / "dtype_choice" / f"{safe}.json"

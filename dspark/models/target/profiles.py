@@ -3,8 +3,9 @@
 A profile measured on another CPU (or in another dtype) describes another throughput curve: an AVX2
 EPYC pays ~2x for verifying 8 tokens instead of 1 at batch 1 in fp32, an AMX Xeon in bf16 far less,
 and the prefix scheduler's choices follow that curve. So each profile records what it was measured on
-(`meta.hardware`: model name and ISA flags, `meta.model`, `meta.dtype`, `meta.device`, on a CPU
-`meta.num_threads`: a 1-thread replica's curve has another shape than a 2-thread one), the engine looks for
+(`meta.hardware`: model name, ISA flags and CPUID family and model, `kernels/machine.py`; `meta.model`,
+`meta.dtype`, `meta.device`, on a CPU `meta.num_threads`: a 1-thread replica's curve has another shape than a
+2-thread one), the engine looks for
 a match among the shipped profiles (`configs/profiles/`) and the ones it measured before
 (``~/.cache/dspark/profiles/<native kernel build>/``: a profile measured with other kernels describes another
 curve, so a rebuilt kernel is measured again, as the GEMM plan is), and measures one now (a short grid,
@@ -26,7 +27,7 @@ from tqdm import tqdm
 
 from dspark.kernels import cache_once, native
 from dspark.kernels.cache_once import cache_dir
-from dspark.kernels.machine import cpu_signature
+from dspark.kernels.machine import cpu_signature, same_cpu
 from dspark.models.target.layer import SeqChunk
 from dspark.models.target.loader import TargetModel
 from dspark.models.target.runner import TargetRunner
@@ -86,7 +87,7 @@ def identity_of(meta: dict) -> dict | None:
 
 
 def slug(identity: dict) -> str:
-    """A file name for a profile: cpu-<isa>-<model name>-<model>-<dtype>[-<threads>t]."""
+    """A file name for a profile: cpu-<isa>-<model name>[-f<family>m<model>]-<model>-<dtype>[-<threads>t]."""
     hw = identity["hardware"]
     if "gpu" in hw:
         name = f"cuda-{hw['gpu']}"
@@ -94,7 +95,7 @@ def slug(identity: dict) -> str:
         flags = set(hw["flags"])
         isa = "amx" if "amx_bf16" in flags else "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags \
             else "generic"
-        name = f"cpu-{isa}-{hw['model']}"
+        name = f"cpu-{isa}-{hw['model']}" + (f"-f{hw['cpuid'].replace('-', 'm')}" if hw.get("cpuid") else "")
     threads = f"-{identity['num_threads']}t" if identity.get("num_threads") else ""
     raw = f"{name}-{identity['model']}-{identity['dtype']}{threads}".lower()
     return "".join(c if c.isalnum() else "-" for c in raw).strip("-").replace("--", "-")
@@ -110,9 +111,20 @@ def _profile_metas(dirs: list[Path] | None = None):  # noqa: ANN202 - a generato
                 continue
 
 
+def matches(recorded: dict | None, identity: dict) -> bool:
+    """Whether a profile's recorded identity describes `identity`: the same model, dtype, device and threads, and
+    the same GPU or CPU (`same_cpu`: a profile that records the CPU's family and model matches only that one)."""
+    if recorded is None or {**recorded, "hardware": None} != {**identity, "hardware": None}:
+        return False
+    hw, here = recorded["hardware"], identity["hardware"]
+    return hw == here if "gpu" in here or "gpu" in hw else same_cpu(hw, here)
+
+
 def find_profile(identity: dict, dirs: list[Path] | None = None) -> Path | None:
-    """A profile file whose recorded identity equals `identity`: shipped ones first, then measured ones."""
-    return next((path for path, meta in _profile_metas(dirs) if identity_of(meta) == identity), None)
+    """A profile file whose recorded identity describes `identity` (`matches`): shipped ones first, then measured
+    ones; among the shipped, one recorded on this CPU's family and model before one that does not say."""
+    found = [(path, meta["hardware"]) for path, meta in _profile_metas(dirs) if matches(identity_of(meta), identity)]
+    return next((path for path, hw in found if "cpuid" in hw), found[0][0] if found else None)
 
 
 def profile_for(target: TargetModel, dirs: list[Path] | None = None) -> tuple[SPSTable, Path]:
@@ -161,13 +173,13 @@ def load_sps(sps_profile: str | None, target: TargetModel) -> SPSTable:
 def recorded_dtype_choice(target_name: str, device: str) -> dict | None:
     """The per-role dtype measurement `dspark profile` stored with a profile of this machine and model
     (at any thread count)."""
-    want = machine_identity(target_name, device, torch.float32)
+    want, found = machine_identity(target_name, device, torch.float32), []
     for _, meta in _profile_metas():
         ident = identity_of(meta)
         if ident is not None and "dtypes" in meta and \
-                {**ident, "dtype": "float32", "num_threads": None} == {**want, "num_threads": None}:
-            return meta["dtypes"]
-    return None
+                matches({**ident, "dtype": "float32", "num_threads": None}, {**want, "num_threads": None}):
+            found.append((meta["dtypes"], "cpuid" in ident["hardware"]))
+    return next((d for d, exact in found if exact), found[0][0] if found else None)
 
 
 # ---- `dspark profile`: target step time against tokens per step, written as an SPS profile ----
