@@ -225,6 +225,11 @@ def profile_target(target: TargetModel, grid: tuple[int, ...] = DEFAULT_GRID, co
         if round_ >= num_repeats and time.perf_counter() - started >= min_time_s:
             break
         for chunks, out in zip(batches, samples):
+            # each timed step right after an untimed one of its own size, as a decode's steps follow steps of about
+            # their size: a 1-token step timed right after the round's 256-token one read 0.6-0.7 ms (~6 %) slower
+            # than the next one (Zen 5 EPYC, docs/results/suffix/s59/profile/after_big.py), and T(1) is the
+            # denominator of every batch-1 cost ratio the scheduler reads
+            runner.forward(chunks)
             _sync(runner.device)
             t0 = time.perf_counter()
             runner.forward(chunks)

@@ -1,6 +1,8 @@
-"""Session 59: the Zen 5 EPYC's shipped SPS profiles, per dtype the element-wise median of three `dspark profile
---num-threads 2` runs on this CPU (its dtype choice: the runs', all three alike), written as `dspark profile` names
-them. .venv/bin/python docs/results/suffix/s59/profile/median.py OUT_DIR RUN_DIR..."""
+"""Session 59: the Zen 5 EPYC's shipped SPS profiles, per dtype the runs hold the element-wise median of `dspark profile
+--num-threads 2` runs on this CPU (its dtype choice: the runs', all alike), written as `dspark profile` names them
+(first run1-3: both dtypes, 5 rounds, the fp32 table shipped; then settled1-3: bf16, 21 rounds, each step timed after
+an untimed one of its size, the bf16 table shipped).
+    .venv/bin/python docs/results/suffix/s59/profile/median.py OUT_DIR RUN_DIR..."""
 
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ for name in sorted(p.name for p in runs[-1].glob("*.json")):
     at = dict(zip(tables[-1]["tokens_per_step"], median))
     meta["verify_cost_ratio"] = {k: round(at[int(k) + 1] / at[1], 3) for k in meta["verify_cost_ratio"]}
     meta["note"] = (f"step_time_ms: the element-wise median of {len(tables)} `dspark profile --num-threads 2` runs on "
-                    "this CPU (docs/results/suffix/s59/profile); dtypes: the last run's choice, every run's alike")
+                    f"this CPU ({', '.join(d.name for d in runs)}: {meta['num_repeats']} rounds each; "
+                    "docs/results/suffix/s59/profile); dtypes: the last run's choice, every run's alike")
     out = {"tokens_per_step": tables[-1]["tokens_per_step"], "step_time_ms": median, "meta": meta}
     (out_dir / name).write_text(json.dumps(out, indent=2) + "\n")
     print(name, [round(x, 2) for x in median])
