@@ -20,6 +20,7 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -120,11 +121,17 @@ def matches(recorded: dict | None, identity: dict) -> bool:
     return hw == here if "gpu" in here or "gpu" in hw else same_cpu(hw, here)
 
 
+def _matching(identity: dict, dirs: list[Path] | None = None,
+              as_recorded: Callable[[dict], dict | None] = identity_of) -> list[tuple[Path, dict]]:
+    """(path, meta) of the profiles whose identity (`as_recorded(meta)`) `matches` `identity`: those recorded on this
+    CPU's family and model first, then the ones that do not say; each group shipped ones first, then measured ones."""
+    found = [(path, meta) for path, meta in _profile_metas(dirs) if matches(as_recorded(meta), identity)]
+    return sorted(found, key=lambda pm: "cpuid" not in pm[1]["hardware"])  # stable: the folders' order within
+
+
 def find_profile(identity: dict, dirs: list[Path] | None = None) -> Path | None:
-    """A profile file whose recorded identity describes `identity` (`matches`): shipped ones first, then measured
-    ones; among the shipped, one recorded on this CPU's family and model before one that does not say."""
-    found = [(path, meta["hardware"]) for path, meta in _profile_metas(dirs) if matches(identity_of(meta), identity)]
-    return next((path for path, hw in found if "cpuid" in hw), found[0][0] if found else None)
+    """The profile file that describes `identity` best (`_matching`), or None."""
+    return next((path for path, _ in _matching(identity, dirs)), None)
 
 
 def profile_for(target: TargetModel, dirs: list[Path] | None = None) -> tuple[SPSTable, Path]:
@@ -173,13 +180,12 @@ def load_sps(sps_profile: str | None, target: TargetModel) -> SPSTable:
 def recorded_dtype_choice(target_name: str, device: str) -> dict | None:
     """The per-role dtype measurement `dspark profile` stored with a profile of this machine and model
     (at any thread count)."""
-    want, found = machine_identity(target_name, device, torch.float32), []
-    for _, meta in _profile_metas():
+    def any_dtype_or_threads(meta: dict) -> dict | None:
         ident = identity_of(meta)
-        if ident is not None and "dtypes" in meta and \
-                matches({**ident, "dtype": "float32", "num_threads": None}, {**want, "num_threads": None}):
-            found.append((meta["dtypes"], "cpuid" in ident["hardware"]))
-    return next((d for d, exact in found if exact), found[0][0] if found else None)
+        return {**ident, "dtype": "float32", "num_threads": None} if ident is not None and "dtypes" in meta else None
+
+    want = {**machine_identity(target_name, device, torch.float32), "num_threads": None}
+    return next((meta["dtypes"] for _, meta in _matching(want, as_recorded=any_dtype_or_threads)), None)
 
 
 # ---- `dspark profile`: target step time against tokens per step, written as an SPS profile ----
@@ -226,7 +232,7 @@ def profile_target(target: TargetModel, grid: tuple[int, ...] = DEFAULT_GRID, co
             break
         for chunks, out in zip(batches, samples):
             # each timed step right after an untimed one of its own size, as a decode's steps follow steps of about
-            # their size: a 1-token step timed right after the round's 256-token one read 0.6-0.7 ms (~6 %) slower
+            # their size: a 1-token step timed right after the round's 256-token one read 0.7-0.9 ms (8-9 %) slower
             # than the next one (Zen 5 EPYC, docs/results/suffix/s59/profile/after_big.py), and T(1) is the
             # denominator of every batch-1 cost ratio the scheduler reads
             runner.forward(chunks)
