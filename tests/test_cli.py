@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from typer.testing import CliRunner
 
@@ -32,6 +33,30 @@ def test_profile_writes_one_loadable_sps_table_per_dtype_named_after_this_machin
     ident = machine_identity(str(tiny_target_dir), "cpu", torch.float32)
     assert find_profile(ident, [tmp_path]) == Path(prof["out"])
     assert find_profile({**ident, "dtype": "bfloat16"}, [tmp_path]) is None
+
+
+def test_profile_runs_take_each_sizes_median_over_whole_measurements(tiny_target_dir, tmp_path):
+    res = runner.invoke(app, ["profile", "--target", str(tiny_target_dir), "--out-dir", str(tmp_path),
+                              "--dtypes", "fp32", "--max-tokens-per-step", "8", "--context-len", "16",
+                              "--num-repeats", "1", "--runs", "3"])
+    assert res.exit_code == 0, res.output
+    (prof,) = json.loads(res.stdout.strip().splitlines()[-1])["profiles"]
+    table = SPSTable.from_file(prof["out"])
+    assert table.meta["runs"] == 3 and set(table.meta["range_ms"]) == {str(n) for n in table.tokens_per_step}
+    for n, ms in zip(table.tokens_per_step, table.step_time_ms):
+        lo, hi = table.meta["range_ms"][str(n)]
+        assert lo - 1e-3 <= ms <= hi + 1e-3  # a median lies within its runs' range
+    ratio = table.meta["verify_cost_ratio"]  # read off the median table, not one run's
+    assert ratio["1"] == round(table.step_time_ms_at(2) / table.step_time_ms_at(1), 3)
+
+
+def test_profile_runs_of_different_grids_are_refused():
+    from dspark.models.target.profiles import median_of_runs
+
+    a = SPSTable([1, 2], [1.0, 2.0], {"tokens_per_request": 8})
+    b = SPSTable([1, 4], [1.0, 3.0], {"tokens_per_request": 8})
+    with pytest.raises(ValueError, match="different grids"):
+        median_of_runs([a, b])
 
 
 def test_generate_json_reports_text_ids_and_steps(tiny_target_dir, tmp_path):

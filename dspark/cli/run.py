@@ -71,20 +71,27 @@ def profile(
     max_tokens_per_step: int = typer.Option(256, min=1),
     context_len: int = typer.Option(256, min=1),
     num_repeats: int = typer.Option(5, min=1),
+    runs: int = typer.Option(1, min=1, help="Whole measurements one after another, each size's median over them "
+                             "(a shared host's slow stretches last minutes; 5 for a profile to ship)."),
     num_threads: int | None = THREADS,
 ) -> None:
     """Measure the fastest dtype per role and, per dtype, target step time vs tokens per step (SPS)."""
     setup(num_threads)
     from dspark.models.target.dtype_choice import candidate_dtypes, measure_dtypes
     from dspark.models.target.loader import load_target
-    from dspark.models.target.profiles import DEFAULT_GRID, profile_target, slug
+    from dspark.models.target.profiles import DEFAULT_GRID, median_of_runs, profile_target, slug
 
     grid = tuple(b for b in DEFAULT_GRID if b <= max_tokens_per_step)
     chosen = candidate_dtypes(device) if dtypes == "auto" else [d for d in dtypes.split(",") if d]
     choice = measure_dtypes(target, device)
+    targets = {dtype: load_target(target, device, dtype) for dtype in chosen}
+    by_dtype: dict[str, list] = {dtype: [] for dtype in chosen}
+    for _ in range(runs):  # each dtype's runs spread over the whole measurement
+        for dtype in chosen:
+            by_dtype[dtype].append(profile_target(targets[dtype], grid, context_len, num_repeats=num_repeats))
     results = []
     for dtype in chosen:
-        table = profile_target(load_target(target, device, dtype), grid, context_len, num_repeats=num_repeats)
+        table = median_of_runs(by_dtype[dtype]) if runs > 1 else by_dtype[dtype][0]
         table.meta["dtypes"] = choice
         path = out_dir / f"{slug(table.meta)}.json"
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -249,8 +249,32 @@ def profile_target(target: TargetModel, grid: tuple[int, ...] = DEFAULT_GRID, co
             "tokens_per_request": tokens_per_request, "num_repeats": len(samples[0]),
             "machine": platform.processor() or platform.machine(),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    by_tokens = dict(zip(grid, times_ms))
-    if 1 in by_tokens:  # the number that decides when speculation pays: T(1 + ℓ) / T(1) at batch 1
-        meta["verify_cost_ratio"] = {str(n - 1): round(by_tokens[n] / by_tokens[1], 3)
-                                     for n in (2, 4, 8) if n in by_tokens and n <= tokens_per_request}
+    _note_verify_cost(meta, dict(zip(grid, times_ms)))
     return SPSTable(tokens_per_step=list(grid), step_time_ms=times_ms, meta=meta)
+
+
+def _note_verify_cost(meta: dict, by_tokens: dict[int, float]) -> None:
+    """meta's `verify_cost_ratio`: the number that decides when speculation pays, T(1 + ℓ) / T(1) at batch 1."""
+    if 1 in by_tokens:
+        meta["verify_cost_ratio"] = {str(n - 1): round(by_tokens[n] / by_tokens[1], 3)
+                                     for n in (2, 4, 8) if n in by_tokens and n <= meta["tokens_per_request"]}
+
+
+def median_of_runs(runs: list[SPSTable]) -> SPSTable:
+    """One table from `profile_target` runs of one grid taken one after another: each size's median over the runs.
+
+    A run's rounds go round the grid, so a burst of noise lands on one sample of many sizes and each size's median
+    drops it; a shared host's slow stretches last minutes, longer than a run (~1.5 min for SmolLM2's grid on two
+    cores), and move a whole run. Eight runs on a 2-core Zen 5 KVM read T(20) 14.8-22.2 ms and T(1) 8.9-11.1 ms, one
+    run 20 % faster than the others at every size (docs/results/suffix/README.md, session 60): the table the
+    scheduler reads should not be one stretch's. meta: the last run's, with `runs` and each size's range over them
+    (`range_ms`)."""
+    grid = runs[-1].tokens_per_step
+    if any(r.tokens_per_step != grid for r in runs):
+        raise ValueError("profile runs of different grids cannot be combined")
+    per_size = list(zip(*(r.step_time_ms for r in runs)))
+    times = [statistics.median(ms) for ms in per_size]
+    meta = {**runs[-1].meta, "runs": len(runs),
+            "range_ms": {str(n): [round(min(ms), 3), round(max(ms), 3)] for n, ms in zip(grid, per_size)}}
+    _note_verify_cost(meta, dict(zip(grid, times)))
+    return SPSTable(tokens_per_step=list(grid), step_time_ms=times, meta=meta)
