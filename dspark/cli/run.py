@@ -91,7 +91,7 @@ def profile(
             by_dtype[dtype].append(profile_target(targets[dtype], grid, context_len, num_repeats=num_repeats))
     results = []
     for dtype in chosen:
-        table = median_of_runs(by_dtype[dtype]) if runs > 1 else by_dtype[dtype][0]
+        table = median_of_runs(by_dtype[dtype])  # one run: itself, with its range
         table.meta["dtypes"] = choice
         path = out_dir / f"{slug(table.meta)}.json"
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -266,7 +266,7 @@ def median_of_runs(runs: list[SPSTable]) -> SPSTable:
     A run's rounds go round the grid, so a burst of noise lands on one sample of many sizes and each size's median
     drops it; a shared host's slow stretches last minutes, longer than a run (~1.5 min for SmolLM2's grid on two
     cores), and move a whole run. Eight runs on a 2-core Zen 5 KVM read T(20) 14.8-22.2 ms and T(1) 8.9-11.1 ms, one
-    run 20 % faster than the others at every size (docs/results/suffix/README.md, session 60): the table the
+    run 10-25 % faster than the others at every size (docs/results/suffix/README.md, session 60): the table the
     scheduler reads should not be one stretch's. meta: the last run's, with `runs` and each size's range over them
     (`range_ms`)."""
     grid = runs[-1].tokens_per_step
