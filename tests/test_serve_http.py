@@ -110,6 +110,18 @@ def test_completion_generates_exactly_max_tokens_and_counts_usage(server: httpx.
     assert body["dspark"]["num_steps"] >= 1
 
 
+def test_inline_stats_show_the_steps_that_served_a_completion(server: httpx.Client) -> None:
+    before = server.get("/v1/dspark/stats").json()["workers"]["inline"]["num_steps"]
+    assert server.post("/v1/completions", json={"model": MODEL, "prompt": PROMPT, "max_tokens": 12,
+                                                "temperature": 0}).status_code == 200
+    stats = server.get("/v1/dspark/stats").json()
+    inline = stats["workers"]["inline"]
+    assert stats["mode"] == "inline" and inline["num_steps"] > before and inline["num_running"] == 0
+    last = inline["timeline"][-1]
+    assert last["end_s"] >= last["start_s"] and last["num_tokens"] >= last["num_requests"] >= 1
+    assert sum(s["num_tokens"] for s in inline["timeline"][-(inline["num_steps"] - before):]) >= 12
+
+
 def test_completion_accepts_token_id_prompt(server: httpx.Client) -> None:
     resp = server.post("/v1/completions", json=_greedy(prompt=[4, 35, 5], max_tokens=5))
     assert resp.status_code == 200, resp.text

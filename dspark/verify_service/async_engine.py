@@ -9,9 +9,11 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from dspark.kernels import omp_teams
 from dspark.verify_service.engine import Engine
+from dspark.verify_service.engine_stats import engine_stats
 from dspark.verify_service.heap import release_free_memory
 from dspark.verify_service.request import RequestOutput, SamplingParams
 
@@ -53,6 +55,12 @@ class AsyncEngine:
     @property
     def tokenizer(self):  # noqa: ANN201
         return self.engine.tokenizer
+
+    def stats(self) -> dict[str, Any]:
+        """`/v1/dspark/stats` of an inline deployment: its one engine's step timeline and draft gate, read as a
+        pool engine's workers are (`engine_stats`)."""
+        return {"mode": "inline", "workers": {"inline": {"worker_id": "inline", "mode": "inline",
+                                                         **engine_stats(self.engine), "at_s": time.time()}}}
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams,
                        request_id: str | None = None) -> AsyncIterator[RequestOutput]:

@@ -30,6 +30,7 @@ from dspark.kernels import omp_teams
 from dspark.models.drafters.registry import make_drafter
 from dspark.models.target.loader import load_target
 from dspark.verify_service.async_engine import AsyncEngine
+from dspark.verify_service.engine_stats import NUM_TIMELINE_STEPS, engine_stats
 from dspark.verify_service.metrics import EngineMetrics
 from dspark.verify_service.pipelined_engine import PipelinedEngine
 from dspark.verify_service.request import RequestOutput, SamplingParams
@@ -37,7 +38,6 @@ from dspark.verify_service.step.capacity import CentralCapacity
 
 log = logging.getLogger(__name__)
 
-_NUM_TIMELINE_STEPS = 512
 
 
 class VerifyWorker:
@@ -185,15 +185,11 @@ class VerifyWorker:
     # ---- observability -----------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         eng = self.engine
-        steps = list(eng.stats)[-_NUM_TIMELINE_STEPS:]
-        timeline = [{"micro_batch": s.micro_batch, "start_s": s.start_s, "end_s": s.end_s,
-                     "num_requests": s.num_requests, "num_tokens": s.num_tokens, "draft_wait_ms": s.draft_ms,
-                     "verify_ms": s.verify_ms, "num_verified": sum(s.lengths)} for s in steps]
         out: dict[str, Any] = {
             "worker_id": self.worker_id, "mode": self.config.mode, "draft_worker": self.draft_worker,
             "transport": self.config.transport if self.config.mode == "decoupled" else "in-process",
-            "num_steps": eng.num_steps, "num_running": len(eng.running), "num_waiting": len(eng.waiting),
-            "timeline": timeline, "at_s": time.time(), "reconnect_pending": self._reconnect is not None,
+            **engine_stats(eng, NUM_TIMELINE_STEPS),
+            "at_s": time.time(), "reconnect_pending": self._reconnect is not None,
             "contexts_rebuilt": dict(self.rebuilt),
             "scheduler_reachable": self.scheduler_client.is_reachable,
             "scheduler_failures": self.scheduler_client.num_failures,
@@ -201,14 +197,9 @@ class VerifyWorker:
         if self.capacity is not None:
             out["capacity"] = {"last_k": self.capacity.capacity, "num_central_steps": self.capacity.num_central_steps,
                                "num_fallback_steps": self.capacity.num_fallback_steps}
-        if eng.gate is not None:
-            out["draft_gate"] = {"num_drafted": eng.gate.num_drafted, "num_skipped": eng.gate.num_skipped,
-                                 "gain_by_batch_size": eng.gate.gains()}
-        if eng.token_cost is not None and eng.sps is not None:  # what one more verified token costs, per band
-            out["token_cost"] = eng.token_cost.summary(eng.sps)
         drafter = eng.drafter
         if isinstance(drafter, RemoteDrafter) and drafter.spans:
-            spans = list(drafter.spans)[-_NUM_TIMELINE_STEPS:]
+            spans = list(drafter.spans)[-NUM_TIMELINE_STEPS:]
             out["transport_ms_mean"] = sum(s.transport_ms for s in spans) / len(spans)
             out["num_blocked_rounds"] = drafter.num_blocked_rounds  # rounds collect may have waited for
             out["draft_wait_ms_mean"] = sum(s.exposed_ms for s in spans) / len(spans)
@@ -222,8 +213,6 @@ class VerifyWorker:
         if isinstance(drafter, RemoteDrafter) and eng.num_steps:
             # all transport (rounds and pushes) spread over all steps, undrafted ones included
             out["transport_ms_per_step"] = drafter.total_transport_ms / eng.num_steps
-        if steps:
-            out["verify_ms_mean"] = sum(s.verify_ms for s in steps) / len(steps)
         return out
 
     def shutdown(self) -> None:

@@ -188,7 +188,7 @@ def build_fastapi(get_engine: Callable[[], GenerateEngine], model_name: str, key
     def dspark_stats() -> dict[str, Any]:  # sync: gathering worker stats blocks, so FastAPI threads it
         stats = getattr(get_engine(), "stats", None)
         if not callable(stats):
-            raise ApiError(404, "this deployment has no worker pools (mode: inline)", code="no_stats")
+            raise ApiError(404, "this deployment's engine keeps no stats", code="no_stats")
         return stats()
 
     @app.get("/metrics", response_class=PlainTextResponse)
