@@ -28,6 +28,10 @@ def test_profile_writes_one_loadable_sps_table_per_dtype_named_after_this_machin
     assert table.tokens_per_step[0] == 1 and table.tokens_per_step[-1] == 16
     assert all(t > 0 for t in table.step_time_ms)
     assert set(table.meta["verify_cost_ratio"]) == {"1", "3", "7"}  # T(1+l)/T(1) at batch 1
+    # rows in a batched step's shape: R requests, R + n tokens (n drafts at most 7 a request), within the grid
+    assert {r: row.tokens_per_step for r, row in table.by_requests.items()} == {
+        2: [2, 3, 4, 6, 10], 4: [4, 5, 6, 8, 12], 8: [8, 9, 10, 12, 16], 16: [16]}
+    assert table.for_requests(8).step_time_ms_at(8) == pytest.approx(table.by_requests[8].step_time_ms[0])
     assert set(report["dtype_choice"]["choice"]) == {"verify", "draft", "generate"}
     # the engine finds it for this machine, model and dtype, and for no other dtype
     ident = machine_identity(str(tiny_target_dir), "cpu", torch.float32)
@@ -46,6 +50,8 @@ def test_profile_runs_take_each_sizes_median_over_whole_measurements(tiny_target
     for n, ms in zip(table.tokens_per_step, table.step_time_ms):
         lo, hi = table.meta["range_ms"][str(n)]
         assert lo - 1e-3 <= ms <= hi + 1e-3  # a median lies within its runs' range
+    assert sorted(table.by_requests) == [2, 4, 8] and all(
+        t > 0 for row in table.by_requests.values() for t in row.step_time_ms)
     ratio = table.meta["verify_cost_ratio"]  # read off the median table, not one run's
     assert ratio["1"] == round(table.step_time_ms_at(2) / table.step_time_ms_at(1), 3)
 

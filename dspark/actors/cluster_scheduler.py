@@ -73,7 +73,8 @@ class ClusterScheduler:
         if load.sps is not None:
             self.sps[load.worker_id] = SPSTable.from_dict(load.sps)
         sps = self.sps.get(load.worker_id)
-        capacity = global_capacity(load.survival, sps) if sps is not None and load.survival else 0
+        capacity = (global_capacity(load.survival, sps.for_requests(len(load.survival)))
+                    if sps is not None and load.survival else 0)
         ms = (time.perf_counter() - t0) * 1e3
         decision = CapacityDecision(load.worker_id, capacity, load.step_index, ms)
         self.decisions[load.worker_id] = decision

@@ -73,22 +73,27 @@ def profile(
     num_repeats: int = typer.Option(5, min=1),
     runs: int = typer.Option(1, min=1, help="Whole measurements one after another, each size's median over them "
                              "(a shared host's slow stretches last minutes; 5 for a profile to ship)."),
+    request_rows: bool = typer.Option(True, help="Also time batched decode steps (R requests of one token plus "
+                                      "verified drafts spread over them, R = 2 ... 32): the rows the scheduler prices "
+                                      "a step of R requests on (`SPSTable.for_requests`)."),
     num_threads: int | None = THREADS,
 ) -> None:
     """Measure the fastest dtype per role and, per dtype, target step time vs tokens per step (SPS)."""
     setup(num_threads)
     from dspark.models.target.dtype_choice import candidate_dtypes, measure_dtypes
     from dspark.models.target.loader import load_target
-    from dspark.models.target.profiles import DEFAULT_GRID, median_of_runs, profile_target, slug
+    from dspark.models.target.profiles import DEFAULT_GRID, REQUEST_GRID, median_of_runs, profile_target, slug
 
     grid = tuple(b for b in DEFAULT_GRID if b <= max_tokens_per_step)
+    request_grid = tuple(r for r in REQUEST_GRID if r <= max_tokens_per_step) if request_rows else ()
     chosen = candidate_dtypes(device) if dtypes == "auto" else [d for d in dtypes.split(",") if d]
     choice = measure_dtypes(target, device)
     targets = {dtype: load_target(target, device, dtype) for dtype in chosen}
     by_dtype: dict[str, list] = {dtype: [] for dtype in chosen}
     for _ in range(runs):  # each dtype's runs spread over the whole measurement
         for dtype in chosen:
-            by_dtype[dtype].append(profile_target(targets[dtype], grid, context_len, num_repeats=num_repeats))
+            by_dtype[dtype].append(profile_target(targets[dtype], grid, context_len, num_repeats=num_repeats,
+                                                  request_grid=request_grid))
     results = []
     for dtype in chosen:
         table = median_of_runs(by_dtype[dtype])  # one run: itself, with its range

@@ -202,7 +202,8 @@ class Engine:
         self._note_gap(t0)
         draft = draft_source(active)
         t1 = time.perf_counter()
-        sps = self.sps
+        # the profile's row for a step of this many requests (`SPSTable.for_requests`): a batched step's shape
+        sps = self.sps.for_requests(len(active)) if self.sps is not None else None
         if riders and sps is not None:  # a verified draft at what it adds beside the prompts (`with_riders`)
             sps = sps.with_riders(sum(len(c.token_ids) for c in riders), len(active))
         elif sps is not None and self.token_cost is not None:  # one more verified token at its measured cost
@@ -270,7 +271,8 @@ class Engine:
             round_ms = (time.perf_counter() - t0) * 1e3 + extra_draft_ms
             if any(draft.tokens):
                 self.gate.record(len(active), sum(lengths), sum(accepted), round_ms, verify_ms,
-                                 self.sps)  # type: ignore[arg-type]
+                                 self.sps.for_requests(len(active)),  # type: ignore[union-attr]
+                                 draft_ms=draft_ms + schedule_ms + extra_draft_ms)
             else:
                 self.gate.record_plain(len(active), round_ms)
         self.stats.append(StepStats(len(active), sum(lengths) + len(active), lengths, accepted, draft_ms,

@@ -175,3 +175,33 @@ def test_one_losing_round_at_a_small_size_does_not_shut_the_larger_ones() -> Non
     gate.record(1, 7, 0, 120.0, 100.0, SPS)  # batch 1 drafted once and accepted nothing
     assert not gate.should_draft(1)
     assert all(gate.should_draft(b) for b in (2, 5, 12))  # larger sizes measure for themselves
+
+
+def test_summary_shows_what_each_sizes_gain_rests_on() -> None:
+    gate = DraftGate()
+    gate.record_plain(1, 100.0)
+    for ms in (170.0, 180.0, 190.0):  # 1 request + 1 accepted token a round
+        gate.record(1, 3, 1, ms, 100.0, SPS)
+    gate.record_plain(4, 40.0)  # a size with plain rounds only
+    summary = gate.summary()
+    assert summary[1]["num_rounds"] == 3 and summary[1]["round_ms_median"] == pytest.approx(180.0)
+    assert summary[1]["tokens_mean"] == pytest.approx(2.0) and summary[1]["plain_ms"] == pytest.approx(100.0)
+    assert summary[1]["gain"] == pytest.approx(gate.gains()[1])
+    assert summary[4] == {"gain": None, "num_rounds": 0, "round_ms_median": None, "tokens_mean": None,
+                          "plain_ms": pytest.approx(40.0), "plain_estimate_ms": None,
+                          "probe_interval": gate.probe_every, "plain_interval": gate.plain_probe_every}
+
+
+def test_rounds_that_accept_nothing_shut_the_gate_whatever_a_slow_plain_probe_read() -> None:
+    gate = DraftGate()
+    gate.record_plain(16, 33.0)  # one slow plain probe: 16 tokens in 33 ms
+    for _ in range(4):  # drafted rounds of 27 ms (1 ms of it drafting) that verified drafts and accepted none
+        gate.record(16, 4, 0, 27.0, 25.0, SPS, draft_ms=1.0)
+    # against the probe they look 22 % faster; bounded by themselves (26 ms without drafting) they cannot win
+    assert gate.gains()[16] == pytest.approx((16 / 27.0) / (16 / 26.0))
+    assert gate.is_shut(16)
+    # rounds that accept drafts are not held back by the bound: 16 + 8 tokens in 27 ms against 16 in 26
+    opened = DraftGate()
+    opened.record_plain(16, 26.0)
+    opened.record(16, 12, 8, 27.0, 25.0, SPS, draft_ms=1.0)
+    assert opened.gains()[16] == pytest.approx((24 / 27.0) / (16 / 26.0)) and not opened.is_shut(16)

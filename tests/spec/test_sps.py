@@ -109,3 +109,46 @@ def test_beside_prompts_a_draft_is_verified_when_it_beats_the_plain_steps_tokens
     assert scheduler.schedule([[0.3]] + [[]] * 7, priced) == [0] * 8
     shifted_only = SPSTable([1, 412], [111.0, 522.0])  # the step's own table, T(100 + n): verifies the 0.3
     assert scheduler.schedule([[0.3]] + [[]] * 7, shifted_only) == [1] + [0] * 7
+
+
+def _with_rows() -> SPSTable:
+    """A one-request table whose T(16) -> T(20) jumps (chunks of 8 tokens), and rows of batched steps where a
+    verified draft adds little."""
+    return SPSTable([1, 2, 4, 8, 16, 20, 32, 64], [10.0, 11.0, 12.0, 13.0, 15.8, 22.0, 24.6, 43.0],
+                    by_requests={8: SPSTable([8, 9, 10, 12, 16], [14.8, 14.8, 14.9, 15.0, 15.2]),
+                                 16: SPSTable([16, 17, 18, 20, 24, 32], [16.0, 16.1, 16.4, 16.7, 18.4, 21.1])})
+
+
+def test_a_step_of_r_requests_is_priced_on_its_own_row() -> None:
+    table = _with_rows()
+    assert table.for_requests(1) is table and SPSTable([1, 2], [1.0, 2.0]).for_requests(16).step_time_ms == [1.0, 2.0]
+    sixteen = table.for_requests(16)
+    assert sixteen.step_time_ms_at(16) == pytest.approx(16.0) and sixteen.step_time_ms_at(20) == pytest.approx(16.7)
+    # past the row's last point: that point plus the one-request table's own growth from there
+    assert sixteen.step_time_ms_at(64) == pytest.approx(21.1 + 43.0 - 24.6)
+    assert table.for_requests(16) is sixteen  # built once per size
+
+
+def test_between_rows_the_table_interpolates_at_the_same_number_of_drafts() -> None:
+    twelve = _with_rows().for_requests(12)
+    assert twelve.step_time_ms_at(12) == pytest.approx((14.8 + 16.0) / 2)  # 0 drafts
+    assert twelve.step_time_ms_at(16) == pytest.approx((15.0 + 16.7) / 2)  # 4 drafts: T8(12), T16(20)
+    # below the smallest row: between one request's steps (this table) and it
+    four = _with_rows().for_requests(4)
+    assert four.step_time_ms_at(4) == pytest.approx(10.0 + 3 / 7 * (14.8 - 10.0))
+    # past the largest row: the largest row, shifted by what this table adds from its size to this one
+    thirty_two = _with_rows().for_requests(32)
+    assert thirty_two.step_time_ms_at(32) == pytest.approx(16.0 + 24.6 - 15.8)
+
+
+def test_rows_round_trip_are_made_monotone_and_are_validated(tmp_path: Path) -> None:
+    table = _with_rows()
+    table.save(tmp_path / "p.json")
+    loaded = SPSTable.from_file(tmp_path / "p.json")
+    assert loaded.for_requests(12).step_time_ms == table.for_requests(12).step_time_ms
+    dipping = SPSTable([1, 8], [1.0, 2.0], by_requests={8: SPSTable([8, 9, 10], [3.0, 2.0, 4.0])}).monotone()
+    assert dipping.by_requests[8].step_time_ms == [2.5, 2.5, 4.0]
+    with pytest.raises(ValueError, match="r >= 2"):
+        SPSTable([1], [1.0], by_requests={8: SPSTable([4, 8], [1.0, 2.0])})
+    with pytest.raises(ValueError, match="by_requests needs"):
+        SPSTable.from_dict({"tokens_per_step": [1], "step_time_ms": [1.0], "by_requests": {"8": {"tokens": [8]}}})

@@ -190,6 +190,10 @@ def recorded_dtype_choice(target_name: str, device: str) -> dict | None:
 
 # ---- `dspark profile`: target step time against tokens per step, written as an SPS profile ----
 DEFAULT_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256)
+# `dspark profile`'s rows in a batched decode step's shape (`SPSTable.for_requests`): R requests of one token, plus
+# n verified drafts spread over them (at most tokens_per_request - 1 each)
+REQUEST_GRID = (2, 4, 8, 16, 32)
+EXTRA_GRID = (0, 1, 2, 4, 8, 16, 32, 64, 128)
 
 
 def _sync(device: torch.device) -> None:
@@ -200,13 +204,15 @@ def _sync(device: torch.device) -> None:
 def profile_target(target: TargetModel, grid: tuple[int, ...] = DEFAULT_GRID, context_len: int = 256,
                    tokens_per_request: int = 8, num_repeats: int = 5, num_warmup: int = 2,
                    show_progress: bool = True, row_invariant: bool = True, min_time_s: float = 0.0,
-                   max_repeats: int | None = None) -> SPSTable:
+                   max_repeats: int | None = None, request_grid: tuple[int, ...] = ()) -> SPSTable:
     """Median step time of verification-shaped batches: B tokens as ⌈B/8⌉ requests of ≤ 8 tokens,
-    each over `context_len` cached tokens (the shape a verify step has). `row_invariant`: the verify
+    each over `context_len` cached tokens (the shape a batch-1 verify step has). With `request_grid`, also a row
+    per R in it (`by_requests`): R requests of one token and n = EXTRA_GRID verified drafts spread over them, at
+    most tokens_per_request - 1 each (a batched decode step's shape). `row_invariant`: the verify
     engine's kernels (the default; what the schedulers' profile describes), else the generation path's.
     After `num_repeats` rounds, further rounds while the timing has taken less than `min_time_s` (up to
     `max_repeats`): fast steps get enough samples for their median to drop a burst of noise."""
-    max_reqs = -(-max(grid) // tokens_per_request)
+    max_reqs = max(-(-max(grid) // tokens_per_request), *request_grid, 1)
     runner = TargetRunner(target.model, max_reqs, context_len + tokens_per_request + 1, row_invariant=row_invariant)
     slots = [runner.cache.allocate() for _ in range(max_reqs)]
     gen = torch.Generator().manual_seed(0)
@@ -218,13 +224,18 @@ def profile_target(target: TargetModel, grid: tuple[int, ...] = DEFAULT_GRID, co
         if num_tokens % tokens_per_request:
             sizes.append(num_tokens % tokens_per_request)
         batches.append([SeqChunk(slots[i], context_len, ctx[:n], n) for i, n in enumerate(sizes)])
+    rows = [(r, r + n) for r in request_grid for n in EXTRA_GRID
+            if n <= (tokens_per_request - 1) * r and r + n <= max(grid)]
+    for r, num_tokens in rows:
+        sizes = [1 + (num_tokens - r) // r + (i < (num_tokens - r) % r) for i in range(r)]
+        batches.append([SeqChunk(slots[i], context_len, ctx[:n], n) for i, n in enumerate(sizes)])
     for chunks in batches:
         for _ in range(num_warmup):
             runner.forward(chunks)
     # round-robin: each repeat times every size once, so a burst of noise from a shared host lands on
     # one sample of many sizes (the median drops it) instead of on every sample of one size
-    samples: list[list[float]] = [[] for _ in grid]
-    bar = tqdm(total=num_repeats * len(grid), desc="profile", unit="step", disable=not show_progress)
+    samples: list[list[float]] = [[] for _ in batches]
+    bar = tqdm(total=num_repeats * len(batches), desc="profile", unit="step", disable=not show_progress)
     max_repeats = max(num_repeats, max_repeats or num_repeats)
     started = time.perf_counter()
     for round_ in range(max_repeats):
@@ -243,14 +254,18 @@ def profile_target(target: TargetModel, grid: tuple[int, ...] = DEFAULT_GRID, co
             out.append((time.perf_counter() - t0) * 1e3)
             bar.update()
     bar.close()
-    times_ms = [statistics.median(s) for s in samples]
+    medians = [statistics.median(s) for s in samples]
+    times_ms = medians[:len(grid)]
+    by_requests = {r: SPSTable([t for rr, t in rows if rr == r],
+                               [ms for (rr, _), ms in zip(rows, medians[len(grid):]) if rr == r])
+                   for r in request_grid}
     meta = {**machine_identity(target.name, target.device, target.dtype),
             "num_threads": torch.get_num_threads(), "context_len": context_len,
             "tokens_per_request": tokens_per_request, "num_repeats": len(samples[0]),
             "machine": platform.processor() or platform.machine(),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
     _note_verify_cost(meta, dict(zip(grid, times_ms)))
-    return SPSTable(tokens_per_step=list(grid), step_time_ms=times_ms, meta=meta)
+    return SPSTable(tokens_per_step=list(grid), step_time_ms=times_ms, meta=meta, by_requests=by_requests)
 
 
 def _note_verify_cost(meta: dict, by_tokens: dict[int, float]) -> None:
@@ -270,11 +285,16 @@ def median_of_runs(runs: list[SPSTable]) -> SPSTable:
     scheduler reads should not be one stretch's. meta: the last run's, with `runs` and each size's range over them
     (`range_ms`)."""
     grid = runs[-1].tokens_per_step
-    if any(r.tokens_per_step != grid for r in runs):
+    shape = {r: row.tokens_per_step for r, row in runs[-1].by_requests.items()}
+    if any(r.tokens_per_step != grid or {k: row.tokens_per_step for k, row in r.by_requests.items()} != shape
+           for r in runs):
         raise ValueError("profile runs of different grids cannot be combined")
     per_size = list(zip(*(r.step_time_ms for r in runs)))
     times = [statistics.median(ms) for ms in per_size]
     meta = {**runs[-1].meta, "runs": len(runs),
             "range_ms": {str(n): [round(min(ms), 3), round(max(ms), 3)] for n, ms in zip(grid, per_size)}}
     _note_verify_cost(meta, dict(zip(grid, times)))
-    return SPSTable(tokens_per_step=list(grid), step_time_ms=times, meta=meta)
+    rows = {r: SPSTable(list(xs), [statistics.median(ms) for ms in zip(*(run.by_requests[r].step_time_ms
+                                                                          for run in runs))])
+            for r, xs in shape.items()}
+    return SPSTable(tokens_per_step=list(grid), step_time_ms=times, meta=meta, by_requests=rows)
