@@ -58,7 +58,9 @@ def test_bench_serve_sweeps_a_real_server_and_writes_json_and_plots(
         assert 1 <= level["tau"] <= 4 + 1
         assert 0 <= level["mean_verify_len"] <= 4
         assert all(r["num_steps"] >= 1 for r in level["requests"])
-    assert len(result["plots"]) == 2
+    # throughput vs TPS/user, verify length, and the (inline) engine's step timeline from /v1/dspark/stats
+    assert [Path(p).name for p in result["plots"]][:2] == ["serve_throughput_vs_tps_user.png", "serve_verify_len.png"]
+    assert len(result["plots"]) == 3 and Path(result["plots"][2]).name.startswith("serve_timeline_")
     for path in result["plots"]:
         assert Path(path).read_bytes()[:8] == PNG_MAGIC
 
