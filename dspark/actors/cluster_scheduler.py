@@ -121,8 +121,8 @@ class ClusterScheduler:
         tau = 1.0 + _mean_accepted(load.survival, decision.capacity if decision else 0)
         tokens_per_request = load.tokens_per_step / max(load.num_running, 1) if load.num_running else 1.0
 
-        def throughput(num: int) -> float:
-            return num * tau * sps.sps(max(1, round(num * tokens_per_request)))
+        def throughput(num: int) -> float:  # a step of `num` requests, priced on its own row (`for_requests`)
+            return num * tau * sps.for_requests(num).sps(max(1, round(num * tokens_per_request)))
 
         return throughput(n + 1) - throughput(n)
 

@@ -45,7 +45,7 @@ from dspark.spec.sps import SPSTable
 class _Round:
     tokens: int  # B + accepted
     round_ms: float  # R_draft
-    bound_ms: float = 0.0  # R_draft less its drafting and scheduling: at most what the round would have taken plain
+    bound_ms: float  # R_draft less its drafting and scheduling: at most what the round would have taken plain
 
 
 @dataclass

@@ -39,7 +39,6 @@ from dspark.verify_service.step.capacity import CentralCapacity
 log = logging.getLogger(__name__)
 
 
-
 class VerifyWorker:
     def __init__(self, worker_id: str, config: ServeAppConfig) -> None:
         self.worker_id, self.config = worker_id, config
@@ -188,7 +187,7 @@ class VerifyWorker:
         out: dict[str, Any] = {
             "worker_id": self.worker_id, "mode": self.config.mode, "draft_worker": self.draft_worker,
             "transport": self.config.transport if self.config.mode == "decoupled" else "in-process",
-            **engine_stats(eng, NUM_TIMELINE_STEPS),
+            **engine_stats(eng),
             "at_s": time.time(), "reconnect_pending": self._reconnect is not None,
             "contexts_rebuilt": dict(self.rebuilt),
             "scheduler_reachable": self.scheduler_client.is_reachable,
